@@ -1,0 +1,53 @@
+"""Import TextGrad without its side effects.
+
+textgrad 0.1.8 creates ``./logs/<timestamp>.jsonl`` at import time and logs every
+prompt into it (prompts here contain private records), and litellm, which it
+imports, fetches a model cost map from the network. We point both at harmless
+places, detach textgrad's file handler and delete the directory it made.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from types import ModuleType
+
+_lock = threading.Lock()
+
+
+def import_textgrad() -> ModuleType:
+    """Return the ``textgrad`` module, imported so that it writes nothing and stays offline."""
+    if "textgrad" in sys.modules:
+        module = sys.modules["textgrad"]
+        _detach_file_handlers()
+        return module
+    with _lock:
+        if "textgrad" in sys.modules:
+            return sys.modules["textgrad"]
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        previous_log_dir = os.environ.get("TEXTGRAD_LOG_DIR")
+        scratch = tempfile.mkdtemp(prefix="dp-textgrad-tglog-")
+        os.environ["TEXTGRAD_LOG_DIR"] = scratch
+        try:
+            module = importlib.import_module("textgrad")
+        finally:
+            if previous_log_dir is None:
+                os.environ.pop("TEXTGRAD_LOG_DIR", None)
+            else:
+                os.environ["TEXTGRAD_LOG_DIR"] = previous_log_dir
+            _detach_file_handlers()
+            shutil.rmtree(scratch, ignore_errors=True)
+        return module
+
+
+def _detach_file_handlers() -> None:
+    logger = logging.getLogger("textgrad")
+    for handler in list(logger.handlers):
+        if isinstance(handler, logging.FileHandler):
+            logger.removeHandler(handler)
+            handler.close()

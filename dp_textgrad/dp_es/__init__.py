@@ -1,0 +1,1 @@
+"""DP evolution strategy: population, scorer, selector, mutation, accountant, controller."""

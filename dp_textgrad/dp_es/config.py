@@ -1,0 +1,100 @@
+"""Validated configuration of a DP-ES run (the user-facing edge: pydantic)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SelectionKind = Literal["gaussian", "exponential"]
+FeedbackKind = Literal["none", "dp_confusion"]
+FeedbackMode = Literal["public", "unsafe"]
+FinalSelection = Literal["last", "exponential"]
+
+DEFAULT_EXPECTED_BATCH = 150
+
+
+class DPESConfig(BaseModel):
+    """Everything that defines a DP-ES run. Budget first: the noise is calibrated from it.
+
+    ``delta`` defaults to min(1e-5, 1 / (10 N)); ``sampling_rate`` defaults to
+    min(1, 150 / N) (about 150 records per generation). N, the private set's size,
+    is treated as public.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    epsilon: float = Field(4.0, description="total privacy budget epsilon for the whole run")
+    delta: float | None = Field(None, description="total delta; default min(1e-5, 1/(10 N))")
+    generations: int = Field(6, ge=1, le=10_000, description="number of DP generations T")
+    population: int = Field(6, ge=2, le=256, description="candidates scored per generation K")
+    parents: int = Field(2, ge=1, description="parents kept per generation k")
+    elites: int = Field(1, ge=0, description="best candidates carried to the next generation unchanged")
+    sampling_rate: float | None = Field(None, description="Poisson sampling rate q in (0, 1]")
+    selection: SelectionKind = Field("gaussian", description="gaussian noisy scores, or exponential top-k")
+    final_selection: FinalSelection = Field("last", description="'last': free; 'exponential': charged, fresh subsample")
+    final_epsilon: float = Field(0.5, gt=0, description="epsilon0 of the charged final selection")
+    feedback: FeedbackKind = Field("dp_confusion", description="DP aggregate feedback for critiques")
+    feedback_noise_ratio: float = Field(3.0, gt=0, description="feedback noise multiplier / score noise multiplier")
+    mode: FeedbackMode = Field("public", description="'unsafe' lets raw private examples reach the mutator")
+    use_critiques: bool = Field(True, description="ask the LLM for critiques of the parents before rewriting")
+    seed: int = Field(0, description="seed of non-private choices (mutations); never of DP noise")
+    insecure_noise_seed: int | None = Field(
+        None, description="INSECURE: reproducible DP noise and subsampling, for tests and research only"
+    )
+    max_prompt_chars: int = Field(1500, ge=50, description="longest candidate prompt kept")
+
+    @field_validator("epsilon")
+    @classmethod
+    def _finite_positive_epsilon(cls, value: float) -> float:
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"epsilon must be a finite number > 0, got {value}")
+        return value
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_in_unit_interval(cls, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or not 0 < value < 1):
+            raise ValueError(f"delta must be in (0, 1), got {value}")
+        return value
+
+    @field_validator("sampling_rate")
+    @classmethod
+    def _rate_in_unit_interval(cls, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or not 0 < value <= 1):
+            raise ValueError(f"sampling_rate must be in (0, 1], got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_schedule(self) -> "DPESConfig":
+        if self.parents > self.population:
+            raise ValueError(
+                f"parents ({self.parents}) must not exceed population ({self.population}): "
+                "raise population or lower parents"
+            )
+        if self.elites > self.parents:
+            raise ValueError(f"elites ({self.elites}) must not exceed parents ({self.parents})")
+        if self.selection == "exponential" and self.feedback != "none":
+            raise ValueError(
+                "feedback: DP feedback shares the Gaussian scoring subsample; with selection='exponential' set feedback='none'"
+            )
+        return self
+
+    def resolved(self, dataset_size: int) -> "DPESConfig":
+        """A copy with the data-dependent defaults (delta, sampling rate) filled in."""
+        if dataset_size < 1:
+            raise ValueError("private_train: the private dataset is empty; give at least one record")
+        update: dict[str, float] = {}
+        if self.delta is None:
+            update["delta"] = min(1e-5, 1.0 / (10 * dataset_size))
+        elif self.delta >= 1.0 / dataset_size:
+            warnings.warn(
+                f"delta: {self.delta:g} >= 1/N = {1.0 / dataset_size:g} permits releasing a record outright; "
+                f"use delta <= {1.0 / (10 * dataset_size):.1e}",
+                stacklevel=2,
+            )
+        if self.sampling_rate is None:
+            update["sampling_rate"] = min(1.0, DEFAULT_EXPECTED_BATCH / dataset_size)
+        return self.model_copy(update=update)

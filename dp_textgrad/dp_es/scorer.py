@@ -1,0 +1,495 @@
+"""DP scoring of candidate prompts on private records.
+
+Per generation the :class:`DPScorer` charges the ledger FIRST, then draws a Poisson
+subsample B (rate q, secret), and for each candidate k computes the utility sum
+u_k = sum over B of clip(s_{i,k}, 0, C), where s_{i,k} is the task's raw score.
+
+Sensitivity (add/remove one record): every u_k moves by at most C, all in the same
+direction; L-infinity sensitivity C, L2 sensitivity C*sqrt(K), monotone utility.
+
+Two ways to release something about the u_k:
+
+- :meth:`DPScorer.score_gaussian`: all K noisy sums, u + N(0, (z C sqrt(K))^2 I),
+  charged as ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``. Optionally noisy
+  confusion matrices of some candidates on the SAME subsample (see
+  :meth:`DPScorer.gaussian_event` for why the pair is one Gaussian mechanism).
+  Everything computed from the noisy values afterwards (top-k parents, James-Stein
+  shrinkage with :func:`shrink_estimates`, plots) is free post-processing.
+- :meth:`DPScorer.select_private`: indices only, through a selection mechanism from
+  ``selector.py`` on a fresh subsample.
+
+Estimates divide by the PUBLIC expected batch size q*N, never by the realised |B|
+(which is private).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import dp_accounting
+import numpy as np
+from scipy import optimize
+
+from dp_textgrad.dp_es.noise import NoiseSource
+
+if TYPE_CHECKING:
+    from dp_textgrad.dp_es.selector import SelectionMechanism
+    from dp_textgrad.engines.base import Engine
+    from dp_textgrad.tasks.base import ClassificationTask
+
+
+class CandidateLike(Protocol):
+    """What the scorer reads from a candidate (``population.Candidate`` fits)."""
+
+    id: str
+    text: str
+
+
+class LedgerLike(Protocol):
+    def spend(self, event: dp_accounting.DpEvent, label: str, metadata: Mapping[str, Any] | None = None) -> Any: ...
+
+
+# -- validation -----------------------------------------------------------------------
+
+
+def _positive_finite(value: float, field: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{field}: must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(number) or number <= 0.0:
+        raise ValueError(f"{field}: must be a finite number > 0, got {value!r}")
+    return number
+
+
+def _sampling_rate(q: float) -> float:
+    rate = _positive_finite(q, "sampling_rate")
+    if rate > 1.0:
+        raise ValueError(f"sampling_rate: q must be in (0, 1], got {q!r}")
+    return rate
+
+
+def _check_candidates(candidates: Sequence[CandidateLike]) -> list[CandidateLike]:
+    candidates = list(candidates)
+    if not candidates:
+        raise ValueError("candidates: give at least one candidate to score")
+    for position, candidate in enumerate(candidates):
+        if not hasattr(candidate, "id") or not isinstance(getattr(candidate, "text", None), str):
+            raise TypeError(f"candidates[{position}]: needs an .id and a .text (str), like population.Candidate")
+    ids = [c.id for c in candidates]
+    if len(set(ids)) != len(ids):
+        raise ValueError("candidates: candidate ids must be unique (deduplicate the population first)")
+    return candidates
+
+
+# -- pure functions of private data (the only places records meet the maths) ---------
+
+
+def clipped_utility_sums(scores: np.ndarray, clip_bound: float) -> np.ndarray:
+    """Utility sums u_k = sum_i clip(scores[k, i], 0, C), shape (K,) from (K, n).
+
+    Non-finite raw scores count as 0 (nan, -inf) or C (+inf): a nan must never reach
+    a release, where it would reveal that some record broke the scorer.
+    """
+    bound = _positive_finite(clip_bound, "clip_bound")
+    raw = np.asarray(scores, dtype=float)
+    if raw.ndim != 2:
+        raise ValueError(f"scores: expected shape (num_candidates, num_records), got {raw.shape}")
+    clean = np.nan_to_num(raw, nan=0.0, posinf=bound, neginf=0.0)
+    return np.clip(clean, 0.0, bound).sum(axis=1)
+
+
+def confusion_counts(gold: np.ndarray, predicted: np.ndarray, num_labels: int) -> np.ndarray:
+    """Counts[g, p] of records with gold label g predicted as p; one cell per record."""
+    gold = np.asarray(gold, dtype=int).reshape(-1)
+    predicted = np.asarray(predicted, dtype=int).reshape(-1)
+    if gold.shape != predicted.shape:
+        raise ValueError("predicted: must have one entry per record, like gold")
+    if gold.size and (gold.min() < 0 or predicted.min() < 0 or gold.max() >= num_labels
+                      or predicted.max() >= num_labels):
+        raise ValueError(f"gold/predicted: label indices must be in [0, {num_labels})")
+    counts = np.zeros((num_labels, num_labels), dtype=float)
+    np.add.at(counts, (gold, predicted), 1.0)
+    return counts
+
+
+# -- the Gaussian mechanism on score sums ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class GaussianScoreMechanism:
+    """Release all K utility sums with N(0, (z C sqrt(K))^2) noise on each."""
+
+    noise_multiplier: float
+    clip_bound: float
+    num_candidates: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", _positive_finite(self.noise_multiplier, "noise_multiplier"))
+        object.__setattr__(self, "clip_bound", _positive_finite(self.clip_bound, "clip_bound"))
+        if isinstance(self.num_candidates, bool) or not isinstance(self.num_candidates, (int, np.integer)) \
+                or self.num_candidates < 1:
+            raise ValueError(f"num_candidates: must be an int >= 1, got {self.num_candidates!r}")
+
+    @property
+    def l2_sensitivity(self) -> float:
+        return self.clip_bound * math.sqrt(self.num_candidates)
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise on each released sum: z * C * sqrt(K)."""
+        return self.noise_multiplier * self.l2_sensitivity
+
+    def event(self, q: float) -> dp_accounting.DpEvent:
+        gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        return dp_accounting.PoissonSampledDpEvent(_sampling_rate(q), gaussian)
+
+    def release(self, sums: np.ndarray, noise: NoiseSource) -> np.ndarray:
+        """Noisy sums; ``sums`` has shape (K,) or (runs, K) (independent noise per row)."""
+        values = np.asarray(sums, dtype=float)
+        if values.ndim not in (1, 2) or values.shape[-1] != self.num_candidates:
+            raise ValueError(f"sums: expected shape ({self.num_candidates},) or (runs, {self.num_candidates}), "
+                             f"got {values.shape}")
+        return values + noise.normal(self.noise_std, values.shape)
+
+
+def effective_noise_multiplier(noise_multiplier: float, feedback_noise_multiplier: float | None) -> float:
+    """z_eff with 1/z_eff^2 = 1/z^2 + 1/z_fb^2 (see :meth:`DPScorer.gaussian_event`)."""
+    z = _positive_finite(noise_multiplier, "noise_multiplier")
+    if feedback_noise_multiplier is None:
+        return z
+    z_fb = _positive_finite(feedback_noise_multiplier, "feedback_noise_multiplier")
+    return 1.0 / math.sqrt(1.0 / z**2 + 1.0 / z_fb**2)
+
+
+# -- release and post-processing ------------------------------------------------------
+
+
+@dataclass
+class NoisyScores:
+    """What one Gaussian scoring round releases (all of it is DP).
+
+    ``estimates`` = noisy_sums / (q*N): mean clipped score per record, public
+    denominator. ``confusion`` (if requested) has shape (m, L, L): for each feedback
+    candidate, noisy counts of [gold label, predicted label] on the same subsample.
+    """
+
+    candidate_ids: list[str]
+    noisy_sums: np.ndarray
+    estimates: np.ndarray
+    noise_std_sum: float
+    noise_std_estimate: float
+    expected_batch_size: float
+    confusion: np.ndarray | None = None
+    confusion_candidate_ids: list[str] | None = None
+    confusion_noise_std: float | None = None
+    secure_noise: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (everything in it is already DP-released)."""
+        return {
+            "candidate_ids": list(self.candidate_ids),
+            "noisy_sums": [float(v) for v in self.noisy_sums],
+            "estimates": [float(v) for v in self.estimates],
+            "noise_std_sum": float(self.noise_std_sum),
+            "noise_std_estimate": float(self.noise_std_estimate),
+            "expected_batch_size": float(self.expected_batch_size),
+            "confusion": None if self.confusion is None else np.asarray(self.confusion).tolist(),
+            "confusion_candidate_ids": self.confusion_candidate_ids,
+            "confusion_noise_std": self.confusion_noise_std,
+            "secure_noise": self.secure_noise,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "NoisyScores":
+        confusion = data.get("confusion")
+        return cls(
+            candidate_ids=list(data["candidate_ids"]),
+            noisy_sums=np.asarray(data["noisy_sums"], dtype=float),
+            estimates=np.asarray(data["estimates"], dtype=float),
+            noise_std_sum=float(data["noise_std_sum"]),
+            noise_std_estimate=float(data["noise_std_estimate"]),
+            expected_batch_size=float(data["expected_batch_size"]),
+            confusion=None if confusion is None else np.asarray(confusion, dtype=float),
+            confusion_candidate_ids=data.get("confusion_candidate_ids"),
+            confusion_noise_std=data.get("confusion_noise_std"),
+            secure_noise=bool(data.get("secure_noise", True)),
+        )
+
+
+def shrink_estimates(means: Sequence[float] | np.ndarray,
+                     variances: Sequence[float] | np.ndarray | float) -> np.ndarray:
+    """Empirical-Bayes (James-Stein, positive part) shrinkage of noisy estimates. Free.
+
+    Model: theta_k ~ N(mu, tau^2), x_k | theta_k ~ N(theta_k, v_k), v_k known (the DP
+    noise variance, possibly different per candidate, e.g. after pooling several
+    generations). tau^2 is the Paule-Mandel moment estimate (solve
+    sum_k (x_k - mu_w)^2 / (v_k + tau^2) = K - 1, tau^2 >= 0), mu_w the
+    precision-weighted grand mean with weights 1/(v_k + tau^2). Each estimate moves
+    towards mu_w by B_k = min(1, (K-3)/(K-1) * v_k / (v_k + tau^2)) (Morris's
+    correction for estimating mu and tau^2). With equal variances and spread above
+    the noise this is exactly the positive-part James-Stein estimator with estimated
+    mean, B = (K-3) v / sum (x - mean)^2. Fewer than 4 estimates: returned unchanged.
+    """
+    x = np.asarray(means, dtype=float).reshape(-1)
+    v = np.broadcast_to(np.asarray(variances, dtype=float), x.shape).astype(float) if np.ndim(variances) == 0 \
+        else np.asarray(variances, dtype=float).reshape(-1)
+    if v.shape != x.shape:
+        raise ValueError(f"variances: need one variance per estimate ({x.size}), got {v.size}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("means: every estimate must be finite")
+    if not np.all(np.isfinite(v)) or np.any(v < 0):
+        raise ValueError("variances: every variance must be finite and >= 0")
+    count = x.size
+    if count < 4 or not np.any(v > 0):
+        return x.copy()
+    # Exact (noiseless) estimates get a negligible variance instead of 0, so the
+    # weights stay finite; they then barely move, as they should.
+    v = np.maximum(v, 1e-12 * v.max())
+
+    def weighted(tau2: float) -> tuple[np.ndarray, float]:
+        w = 1.0 / (v + tau2)
+        return w, float(np.sum(w * x) / np.sum(w))
+
+    def excess_spread(tau2: float) -> float:  # decreasing in tau2
+        w, mu = weighted(tau2)
+        return float(np.sum(w * (x - mu) ** 2)) - (count - 1)
+
+    if excess_spread(0.0) <= 0.0:
+        tau2 = 0.0  # no spread beyond the noise: shrink as far as allowed
+    else:
+        # Q(t) <= sum (x - mean)^2 / t, so Q <= K - 1 at t = S / (K - 1): a bracket.
+        upper = float(np.sum((x - x.mean()) ** 2)) / (count - 1)
+        tau2 = optimize.brentq(excess_spread, 0.0, upper) if excess_spread(upper) < 0.0 else upper
+    _, grand_mean = weighted(tau2)
+    factor = np.minimum(1.0, (count - 3) / (count - 1) * v / (v + tau2))
+    return x - factor * (x - grand_mean)
+
+
+# -- the scorer -----------------------------------------------------------------------
+
+
+class DPScorer:
+    """Scores candidate prompts on the private set with DP; every read is charged first.
+
+    ``dataset_size`` is the public N (declared public, or a DP count); estimates
+    divide by q*N. ``sampling_rng`` draws the Poisson subsample; it must be secret for
+    amplification by subsampling, so it defaults to the DP noise generator.
+    """
+
+    def __init__(
+        self,
+        task: "ClassificationTask",
+        engine: "Engine",
+        ledger: LedgerLike,
+        *,
+        sampling_rate: float,
+        dataset_size: float,
+        noise: NoiseSource,
+        sampling_rng: np.random.Generator | None = None,
+    ) -> None:
+        if not callable(getattr(ledger, "spend", None)):
+            raise TypeError("ledger: needs a spend(event, label, metadata=None) method (a PrivacyLedger)")
+        if not isinstance(noise, NoiseSource):
+            raise TypeError("noise: must be a NoiseSource (DP noise is never drawn from a seeded public generator)")
+        if sampling_rng is None:
+            sampling_rng = noise.generator
+        if not isinstance(sampling_rng, np.random.Generator):
+            raise TypeError("sampling_rng: must be a numpy Generator")
+        self.task = task
+        self.engine = engine
+        self.ledger = ledger
+        self.sampling_rate = _sampling_rate(sampling_rate)
+        self.dataset_size = _positive_finite(dataset_size, "dataset_size")
+        self.noise = noise
+        self.sampling_rng = sampling_rng
+
+    @property
+    def clip_bound(self) -> float:
+        return float(self.task.clip_bound)
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q*N: the public denominator of every estimate."""
+        return self.sampling_rate * self.dataset_size
+
+    # -- planning (no data touched) -------------------------------------------------
+    @staticmethod
+    def gaussian_event(q: float, z: float, feedback_z: float | None = None) -> dp_accounting.DpEvent:
+        """The event of one :meth:`score_gaussian` call: PoissonSampled(q, Gaussian(z_eff)).
+
+        Why one Gaussian: the scores (L2 sensitivity C sqrt(K), noise std z C sqrt(K))
+        and the m confusion matrices (each record adds 1 to one cell per matrix: L2
+        sensitivity sqrt(m), noise std z_fb sqrt(m)) are computed on the same
+        subsample. Divide each block by its noise std: the joint release is the
+        sensitivity vector plus N(0, I) with L2 sensitivity at most
+        sqrt(1/z^2 + 1/z_fb^2), i.e. one Gaussian mechanism of multiplier
+        z_eff = (1/z^2 + 1/z_fb^2)^(-1/2), sampled once.
+        """
+        rate = _sampling_rate(q)
+        return dp_accounting.PoissonSampledDpEvent(
+            rate, dp_accounting.GaussianDpEvent(effective_noise_multiplier(z, feedback_z))
+        )
+
+    @staticmethod
+    def plan_generation_event(
+        sampling_rate: float,
+        *,
+        noise_multiplier: float | None = None,
+        feedback_noise_multiplier: float | None = None,
+        selection: "SelectionMechanism | None" = None,
+    ) -> dp_accounting.DpEvent:
+        """The event of one generation: Gaussian scoring and/or one DP selection.
+
+        Each part uses its own fresh subsample, so the parts compose.
+        """
+        parts: list[dp_accounting.DpEvent] = []
+        if noise_multiplier is not None:
+            parts.append(DPScorer.gaussian_event(sampling_rate, noise_multiplier, feedback_noise_multiplier))
+        elif feedback_noise_multiplier is not None:
+            raise ValueError("feedback_noise_multiplier: confusion matrices ride on Gaussian scoring; "
+                             "give noise_multiplier too")
+        if selection is not None:
+            parts.append(selection.event(sampling_rate))
+        if not parts:
+            raise ValueError("plan_generation_event: give noise_multiplier and/or selection")
+        return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
+
+    @staticmethod
+    def plan_run_event(generation_event: dp_accounting.DpEvent, generations: int,
+                       final_event: dp_accounting.DpEvent | None = None) -> dp_accounting.DpEvent:
+        """``generations`` copies of ``generation_event``, then an optional final release."""
+        if isinstance(generations, bool) or not isinstance(generations, (int, np.integer)) or generations < 1:
+            raise ValueError(f"generations: must be an int >= 1, got {generations!r}")
+        run = dp_accounting.SelfComposedDpEvent(generation_event, int(generations))
+        return run if final_event is None else dp_accounting.ComposedDpEvent([run, final_event])
+
+    # -- mechanisms (these read private data) ---------------------------------------
+    def score_gaussian(
+        self,
+        candidates: Sequence[CandidateLike],
+        noise_multiplier: float,
+        label: str,
+        feedback_candidates: Sequence[int] = (),
+        feedback_noise_multiplier: float | None = None,
+    ) -> NoisyScores:
+        """Noisy utility sums of every candidate (+ optional noisy confusion matrices).
+
+        ``feedback_candidates`` are indices into ``candidates``; their confusion
+        matrices come from the same subsample and are charged with the scores as one
+        Gaussian (see :meth:`gaussian_event`).
+        """
+        candidates = _check_candidates(candidates)
+        mechanism = GaussianScoreMechanism(noise_multiplier, self.clip_bound, len(candidates))
+        feedback = self._check_feedback(feedback_candidates, len(candidates))
+        if feedback and feedback_noise_multiplier is None:
+            raise ValueError("feedback_noise_multiplier: required when feedback_candidates are given "
+                             "(the planned event must say how noisy the confusion matrices are)")
+        if not feedback:
+            feedback_noise_multiplier = None  # nothing released: do not charge for it
+        event = self.gaussian_event(self.sampling_rate, noise_multiplier, feedback_noise_multiplier)
+        self.ledger.spend(event, label, metadata={
+            "mechanism": "gaussian_scores",
+            "num_candidates": len(candidates),
+            "candidate_ids": [str(c.id) for c in candidates],
+            "noise_multiplier": mechanism.noise_multiplier,
+            "feedback_candidates": len(feedback),
+            "feedback_noise_multiplier": feedback_noise_multiplier,
+            "effective_noise_multiplier": effective_noise_multiplier(noise_multiplier, feedback_noise_multiplier),
+            "clip_bound": self.clip_bound,
+            "sampling_rate": self.sampling_rate,
+            "secure_noise": self.noise.secure,
+        })
+        # ---- private data is read only below this line, after the charge ----
+        sums, outcomes = self._utility_sums(candidates)
+        noisy_sums = mechanism.release(sums, self.noise)
+        confusion = confusion_std = None
+        if feedback:
+            num_labels = len(self.task.labels)
+            counts = np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
+                               for j in feedback])
+            confusion_std = float(feedback_noise_multiplier) * math.sqrt(len(feedback))
+            confusion = counts + self.noise.normal(confusion_std, counts.shape)
+        del outcomes  # private per-record outcomes go no further
+        denominator = self.expected_batch_size
+        return NoisyScores(
+            candidate_ids=[str(c.id) for c in candidates],
+            noisy_sums=noisy_sums,
+            estimates=noisy_sums / denominator,
+            noise_std_sum=mechanism.noise_std,
+            noise_std_estimate=mechanism.noise_std / denominator,
+            expected_batch_size=denominator,
+            confusion=confusion,
+            confusion_candidate_ids=[str(candidates[j].id) for j in feedback] if feedback else None,
+            confusion_noise_std=confusion_std,
+            secure_noise=self.noise.secure,
+        )
+
+    def select_private(self, candidates: Sequence[CandidateLike], mechanism: "SelectionMechanism",
+                       label: str) -> list[int]:
+        """Indices (into ``candidates``) chosen by a DP selection mechanism on a fresh subsample."""
+        candidates = _check_candidates(candidates)
+        for attribute in ("event", "select", "sensitivity", "k"):
+            if not hasattr(mechanism, attribute):
+                raise TypeError(f"mechanism: needs .{attribute}; "
+                                "use ExponentialMechanism, GumbelTopK or PermuteAndFlip")
+        if float(mechanism.sensitivity) < self.clip_bound:
+            raise ValueError(f"mechanism.sensitivity: must be >= the task's clip_bound ({self.clip_bound}), "
+                             f"got {mechanism.sensitivity}")
+        if int(mechanism.k) > len(candidates):
+            raise ValueError(f"mechanism.k: must be <= the number of candidates ({len(candidates)}), got {mechanism.k}")
+        event = mechanism.event(self.sampling_rate)
+        self.ledger.spend(event, label, metadata={
+            "mechanism": getattr(mechanism, "name", type(mechanism).__name__),
+            "num_candidates": len(candidates),
+            "candidate_ids": [str(c.id) for c in candidates],
+            "epsilon0": float(mechanism.epsilon0) if hasattr(mechanism, "epsilon0") else None,
+            "k": int(mechanism.k),
+            "sensitivity": float(mechanism.sensitivity),
+            "sampling_rate": self.sampling_rate,
+            "secure_noise": self.noise.secure,
+        })
+        # ---- private data is read only below this line, after the charge ----
+        sums, outcomes = self._utility_sums(candidates)
+        del outcomes
+        return list(mechanism.select(sums, self.noise))
+
+    # -- internals --------------------------------------------------------------------
+    @staticmethod
+    def _check_feedback(feedback_candidates: Sequence[int], num_candidates: int) -> list[int]:
+        feedback = []
+        for value in feedback_candidates:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"feedback_candidates: indices into candidates must be ints, got {value!r}")
+            if not 0 <= value < num_candidates:
+                raise ValueError(f"feedback_candidates: index {value} is outside [0, {num_candidates})")
+            feedback.append(int(value))
+        if len(set(feedback)) != len(feedback):
+            raise ValueError("feedback_candidates: indices must be unique")
+        return feedback
+
+    def _utility_sums(self, candidates: list[CandidateLike]) -> tuple[np.ndarray, list[Any]]:
+        """Draw the secret Poisson subsample and sum each candidate's clipped scores."""
+        batch = self.task.private_train.poisson_subsample(self.sampling_rate, self.sampling_rng)
+        outcomes = [self.task.private_outcomes(self.engine, str(c.text), batch) for c in candidates]
+        per_record = np.zeros((len(candidates), len(batch)))
+        for k, outcome in enumerate(outcomes):
+            scores = np.asarray(outcome.scores, dtype=float).reshape(-1)
+            if scores.size != len(batch):
+                raise RuntimeError("task.private_outcomes: returned the wrong number of scores for the batch")
+            per_record[k] = scores
+        return clipped_utility_sums(per_record, self.clip_bound), outcomes
+
+
+__all__ = [
+    "DPScorer",
+    "GaussianScoreMechanism",
+    "NoisyScores",
+    "clipped_utility_sums",
+    "confusion_counts",
+    "effective_noise_multiplier",
+    "shrink_estimates",
+]

@@ -1,0 +1,150 @@
+"""The engine interface: a TextGrad ``EngineLM`` that can also score.
+
+Every engine generates text (for mutation and TextGrad's own optimizers) and scores
+continuations (for DP scoring of classification records and for audits). Engines
+count their usage and never write prompts to disk unless a cache directory is given
+explicitly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from dp_textgrad._textgrad import import_textgrad
+
+EngineLM = import_textgrad().EngineLM
+
+
+class EngineError(RuntimeError):
+    """An engine failed after its retries. The message never quotes prompt text."""
+
+
+@dataclass
+class Usage:
+    """Counters of what an engine did. Thread-safe through ``Engine._usage_lock``."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    cost_usd: float = 0.0
+    retries: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Per-token log-probabilities of a text given a context.
+
+    ``vocab_mean`` / ``vocab_std`` are the mean and standard deviation of log p over
+    the vocabulary at each position (for Min-K%++), when the engine can give them.
+    ``top_alternatives`` holds, per position, the engine's top (token, logprob) pairs.
+    """
+
+    tokens: list[str]
+    logprobs: np.ndarray
+    top_alternatives: list[list[tuple[str, float]]] = field(default_factory=list)
+    vocab_mean: np.ndarray | None = None
+    vocab_std: np.ndarray | None = None
+
+
+class Engine(EngineLM):
+    """Base class of dp-textgrad engines.
+
+    Subclasses implement ``_generate``, ``score_choices_batch`` and ``token_logprobs``.
+    """
+
+    model_string: str = "engine"
+    system_prompt: str = "You are a helpful, concise assistant."
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self._usage_lock = threading.Lock()
+
+    # -- generation -----------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str,
+        system_prompt: str | None = None,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        **kwargs,
+    ) -> str:
+        if not isinstance(prompt, str):
+            raise TypeError("prompt must be text")  # multimodal content is not supported
+        return self._generate(
+            prompt,
+            system_prompt=system_prompt,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop=list(stop) if stop else None,
+        )
+
+    def __call__(self, prompt: str, **kwargs) -> str:
+        return self.generate(prompt, **kwargs)
+
+    @abstractmethod
+    def _generate(
+        self,
+        prompt: str,
+        *,
+        system_prompt: str | None,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: list[str] | None,
+    ) -> str: ...
+
+    # -- scoring --------------------------------------------------------------------
+    @abstractmethod
+    def score_choices_batch(
+        self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]
+    ) -> np.ndarray:
+        """Log-probabilities, shape (len(suffixes), len(choices)).
+
+        Entry [i, j] = log p(choices[j] | prefix + suffixes[i]), multi-token choices
+        summed over their tokens. The shared ``prefix`` is evaluated once where the
+        engine can reuse it.
+        """
+
+    def score_choices(self, context: str, choices: Sequence[str]) -> np.ndarray:
+        """Log-probability of each continuation of ``context``."""
+        return self.score_choices_batch(context, [""], choices)[0]
+
+    @abstractmethod
+    def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
+        """Per-token log-probabilities of ``text`` after ``context``."""
+
+    # -- usage ----------------------------------------------------------------------
+    def _count(self, *, calls: int = 1, prompt_tokens: int = 0, completion_tokens: int = 0,
+               seconds: float = 0.0, cost_usd: float = 0.0, retries: int = 0) -> None:
+        with self._usage_lock:
+            self.usage.calls += calls
+            self.usage.prompt_tokens += prompt_tokens
+            self.usage.completion_tokens += completion_tokens
+            self.usage.seconds += seconds
+            self.usage.cost_usd += cost_usd
+            self.usage.retries += retries
+
+    @contextmanager
+    def _timed(self):
+        """Yield a dict; on exit, its 'seconds' holds the wall time of the block."""
+        box: dict[str, float] = {}
+        start = time.perf_counter()
+        try:
+            yield box
+        finally:
+            box["seconds"] = time.perf_counter() - start

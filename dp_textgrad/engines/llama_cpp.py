@@ -1,0 +1,489 @@
+"""Local CPU engine: llama.cpp (``llama-cpp-python``) with Gemma 3 270M by default.
+
+Scoring is what the optimiser spends its time on: every candidate prompt is scored
+on a batch of records, all sharing the candidate as a prefix. ``score_choices_batch``
+therefore keeps the prefix's key/value cache and, per record, evaluates only the
+record's own tokens:
+
+1. tokenize the prefix once (with BOS) and decode it once; if the cache already holds
+   exactly this prefix (the previous call used the same candidate), reuse it and its
+   saved last-position logits;
+2. per suffix: truncate the KV cache back to the prefix (``llama_memory_seq_rm``),
+   decode only the suffix tokens, and read the logits of the LAST position only;
+3. first token of every choice: log-softmax of that one row; multi-token choices: decode
+   the choice's tokens (all but the last) after the suffix, asking logits for those
+   positions, and add the log-probs of the remaining tokens.
+
+A prefix is always decoded from position 0 in the same chunks and a suffix always in
+one decode after it, so results do not depend on earlier calls (llama.cpp's float
+results vary slightly, ~0.01-0.05 nats, with how tokens are split into batches).
+
+Tokenization at the boundaries (documented choice): the prefix is tokenized with
+BOS, each suffix and each choice without BOS, separately. Segment boundaries are
+therefore always token boundaries, so the result equals scoring the concatenated
+text when the concatenation tokenizes the same way (true for the usual
+"...Label:" + " positive" templates; not if a boundary splits a word).
+
+Gemma 3 uses sliding-window attention; the context is created with a full-size SWA
+cache so that truncating the cache back to the prefix never loses entries the next
+suffix needs.
+
+Base model: a system prompt is prepended as plain text. Nothing is written to disk
+unless a cache directory is given explicitly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dp_textgrad.engines.base import Engine, EngineError, TokenLogprobs
+from dp_textgrad.engines.model_files import default_model_path, import_local_module
+
+# Rows of full-vocabulary logits requested per decode when every position is needed
+# (audits, multi-token choices): Gemma's 262k vocabulary makes each row ~1 MB.
+_ALL_LOGITS_CHUNK = 32
+_TOP_ALTERNATIVES = 5
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (the affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+class GenerationCache:
+    """Opt-in cache of deterministic generations, in memory or in an explicit directory.
+
+    Keys are sha256 hashes of (model, prompt, system prompt, temperature, seed,
+    max tokens, stop), so prompts are never stored as keys; the cached outputs are
+    stored as they are, which is why a directory is never chosen by default.
+    """
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else None
+        self._memory: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(**fields: object) -> str:
+        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            value = self._memory.get(key)
+            if value is None and self.directory is not None:
+                path = self.directory / f"{key}.json"
+                if path.is_file():
+                    value = json.loads(path.read_text(encoding="utf-8"))["text"]
+                    self._memory[key] = value
+            if value is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return value
+
+    def put(self, key: str, text: str) -> None:
+        with self._lock:
+            self._memory[key] = text
+            if self.directory is None:
+                return
+            self.directory.mkdir(parents=True, exist_ok=True)
+            handle, scratch = tempfile.mkstemp(prefix=".entry-", dir=self.directory)
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump({"text": text}, out)
+            os.replace(scratch, self.directory / f"{key}.json")
+
+
+def _as_cache(cache: GenerationCache | str | Path | bool | None) -> GenerationCache | None:
+    if cache is None or cache is False:
+        return None
+    if cache is True or cache == "memory":
+        return GenerationCache()
+    if isinstance(cache, GenerationCache):
+        return cache
+    if isinstance(cache, (str, Path)):
+        return GenerationCache(cache)
+    raise TypeError("cache: use None, 'memory', a directory path or a GenerationCache")
+
+
+@dataclass
+class KvStats:
+    """How much work the KV-cache reuse saved (tokens decoded vs. tokens reused)."""
+
+    tokens_decoded: int = 0
+    tokens_reused: int = 0
+
+
+class LlamaCppEngine(Engine):
+    """llama.cpp engine (CPU). The default model is Gemma 3 270M Q4_K_M from PyPI.
+
+    ``model_path``: a GGUF file; ``None`` assembles the default model into the user
+    cache (see ``dp_textgrad.engines.model_files``). ``n_threads``: defaults to the
+    CPUs available to the process (use fewer on a shared machine: llama.cpp's threads
+    spin). ``seed``: seeds sampling (temperature > 0) when a call gives no seed.
+    ``cache``: ``None`` (default, nothing cached), ``"memory"``, a directory, or a
+    ``GenerationCache``; sampling calls without a seed are never served from it.
+
+    Generation: temperature 0 is greedy (deterministic); temperature > 0 samples with
+    the call's ``seed``, or else with a seed drawn from the engine's seed sequence.
+    All methods are thread-safe: calls on one engine are serialised by one lock.
+    ``kv_stats`` counts tokens decoded and prefix tokens reused; ``load_seconds``
+    is the model load time.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        seed: int = 0,
+        cache: GenerationCache | str | Path | bool | None = None,
+        n_batch: int = 512,
+    ) -> None:
+        super().__init__()
+        if n_ctx < 16:
+            raise ValueError(f"n_ctx: must be >= 16 tokens, got {n_ctx}")
+        if n_threads is not None and n_threads < 1:
+            raise ValueError(f"n_threads: must be >= 1 or None (all available CPUs), got {n_threads}")
+        if n_batch < 1:
+            raise ValueError(f"n_batch: must be >= 1, got {n_batch}")
+        self._lib = import_local_module("llama_cpp", "llama-cpp-python")
+        path = Path(model_path) if model_path is not None else default_model_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"model_path: no GGUF file at {path}")
+        self.model_path = path
+        self.model_string = f"llama.cpp/{path.name}"
+        self.n_threads = n_threads or available_cpus()
+        self.seed = seed
+        self.cache = _as_cache(cache)
+        self.kv_stats = KvStats()
+        # One lock per model: the context, its KV cache and the batch are shared state.
+        self._lock = threading.RLock()
+        self._closed = False
+        with self._timed() as timer, _quiet_native_output(self._lib):
+            try:
+                self._llm = self._lib.Llama(
+                    model_path=str(path),
+                    n_ctx=n_ctx,
+                    n_batch=n_batch,
+                    n_ubatch=n_batch,
+                    n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads,
+                    seed=seed,
+                    logits_all=False,
+                    swa_full=True,
+                    verbose=False,
+                )
+            except (RuntimeError, ValueError, OSError) as exc:
+                raise EngineError(f"llama.cpp could not load {path.name}: {type(exc).__name__}") from exc
+        self.load_seconds = timer["seconds"]
+        self._n_ctx = self._llm.n_ctx()
+        self._n_vocab = self._llm.n_vocab()
+        self._n_batch = n_batch
+        self._batch = self._lib.llama_batch_init(n_batch, 0, 1)
+        self._free_batch = weakref.finalize(self, self._lib.llama_batch_free, self._batch)
+        # Tokens whose keys/values sit in sequence 0 of the KV cache, in position order,
+        # and which canonical prefix / suffix they start with (see _enter_prefix).
+        self._forget_kv()
+        stat = path.stat()
+        self._model_id = f"{path.name}:{stat.st_size}"
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the model and its context (idempotent)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._free_batch()
+                self._llm.close()
+
+    def __enter__(self) -> LlamaCppEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    def tokenize(self, text: str, *, bos: bool) -> list[int]:
+        """Token ids of ``text``; special-token markup in the text is treated as plain text."""
+        with self._lock:
+            return self._tokenize(text, bos)
+
+    # -- generation -----------------------------------------------------------------
+    def _generate(
+        self,
+        prompt: str,
+        *,
+        system_prompt: str | None,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: list[str] | None,
+    ) -> str:
+        if not np.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
+        text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
+        cacheable = self.cache is not None and (temperature == 0 or seed is not None)
+        key = ""
+        if cacheable:
+            key = GenerationCache.key(model=self._model_id, prompt=prompt, system_prompt=system_prompt,
+                                      temperature=temperature, seed=seed, max_tokens=max_tokens, stop=stop)
+            hit = self.cache.get(key)
+            if hit is not None:
+                self._count(calls=1)
+                return hit
+        with self._lock, self._timed() as timer:
+            ids = self._tokenize(text, True)
+            if len(ids) >= self._n_ctx:
+                raise EngineError(
+                    f"prompt has {len(ids)} tokens but the context holds {self._n_ctx}; raise n_ctx or shorten the prompt"
+                )
+            budget = min(max_tokens, self._n_ctx - len(ids))
+            # Generation takes over the context; the scoring KV state is rebuilt afterwards.
+            self._forget_kv()
+            self._llm.reset()
+            try:
+                result = self._llm.create_completion(
+                    ids, max_tokens=budget, temperature=float(temperature), seed=seed, stop=stop or None,
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise EngineError(f"llama.cpp generation failed: {type(exc).__name__}") from exc
+            finally:
+                self._forget_kv()
+            output = result["choices"][0]["text"]
+            completion_tokens = int(result["usage"]["completion_tokens"])
+        self._count(prompt_tokens=len(ids), completion_tokens=completion_tokens, seconds=timer["seconds"])
+        if cacheable:
+            self.cache.put(key, output)
+        return output
+
+    # -- scoring --------------------------------------------------------------------
+    def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
+        if not choices:
+            raise ValueError("choices: need at least one choice")
+        if any(not choice for choice in choices):
+            raise ValueError("choices: every choice must be a non-empty string")
+        with self._lock, self._timed() as timer:
+            decoded_before = self.kv_stats.tokens_decoded
+            prefix_ids = tuple(self._tokenize(prefix, True))
+            choice_ids = [self._tokenize(choice, False) for choice in choices]
+            first_ids = np.array([ids[0] for ids in choice_ids])
+            scores = np.empty((len(suffixes), len(choices)))
+            done: dict[str, np.ndarray] = {}
+            for i, suffix in enumerate(suffixes):
+                if suffix in done:  # identical record text: identical scores
+                    scores[i] = done[suffix]
+                    continue
+                suffix_ids = tuple(self._tokenize(suffix, False))
+                row_scores = _pick_logprobs(self._position_at(prefix_ids, suffix_ids), first_ids)
+                for j, ids in enumerate(choice_ids):
+                    if len(ids) > 1:
+                        self._rewind_to(prefix_ids, suffix_ids)
+                        row_scores[j] += self._continuation_logprob(ids)
+                scores[i] = done[suffix] = row_scores
+            decoded = self.kv_stats.tokens_decoded - decoded_before
+        self._count(prompt_tokens=decoded, seconds=timer["seconds"])
+        return scores
+
+    def _continuation_logprob(self, choice_ids: list[int]) -> float:
+        """Sum of log p(choice_ids[k] | ..., choice_ids[k-1]) for k >= 1 (KV at the choice start)."""
+        total = 0.0
+
+        def add(k: int, row: np.ndarray) -> None:
+            nonlocal total
+            total += float(_pick_logprobs(row, np.array([choice_ids[k + 1]]))[0])
+
+        self._decode(choice_ids[:-1], on_row=add)
+        return total
+
+    def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
+        with self._lock, self._timed() as timer:
+            decoded_before = self.kv_stats.tokens_decoded
+            context_ids = tuple(self._tokenize(context, True))
+            text_ids = self._tokenize(text, False)
+            n = len(text_ids)
+            logprobs = np.empty(n)
+            means = np.empty(n)
+            stds = np.empty(n)
+            alternatives: list[list[tuple[str, float]]] = [[] for _ in range(n)]
+            previous = list(context_ids)
+
+            def record(k: int, row: np.ndarray) -> None:
+                # Position k's row predicts text_ids[k]; statistics over the full vocabulary.
+                logp = row.astype(np.float64) - _logsumexp(row)
+                logprobs[k] = logp[text_ids[k]]
+                means[k] = logp.mean()
+                stds[k] = logp.std()
+                top = np.argpartition(logp, -_TOP_ALTERNATIVES)[-_TOP_ALTERNATIVES:]
+                top = top[np.argsort(logp[top])[::-1]]
+                alternatives[k] = [(self._piece(int(t), previous[: len(context_ids) + k]), float(logp[t])) for t in top]
+
+            if n:
+                previous.extend(text_ids)
+                record(0, self._enter_prefix(context_ids))
+                if n > 1:
+                    self._decode(text_ids[:-1], on_row=lambda k, row: record(k + 1, row))
+            pieces = [self._piece(t, previous[: len(context_ids) + k]) for k, t in enumerate(text_ids)]
+            decoded = self.kv_stats.tokens_decoded - decoded_before
+        self._count(prompt_tokens=decoded, seconds=timer["seconds"])
+        return TokenLogprobs(tokens=pieces, logprobs=logprobs, top_alternatives=alternatives,
+                             vocab_mean=means, vocab_std=stds)
+
+    # -- llama.cpp plumbing (call with self._lock held) ------------------------------
+    def _tokenize(self, text: str, bos: bool) -> list[int]:
+        if self._closed:
+            raise EngineError("this engine has been closed; create a new LlamaCppEngine")
+        ids = list(self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=False)) if text else []
+        if bos and not ids:
+            # Scoring needs at least one position to read logits from.
+            if self._llm.token_bos() < 0:
+                raise ValueError("context: empty, and this model has no BOS token to condition on")
+            ids = [self._llm.token_bos()]
+        return ids
+
+    def _piece(self, token: int, before: list[int]) -> str:
+        return self._llm.detokenize([token], prev_tokens=before).decode("utf-8", errors="replace")
+
+    def _forget_kv(self) -> None:
+        memory = self._lib.llama_get_memory(self._llm.ctx)
+        self._lib.llama_memory_seq_rm(memory, -1, 0, -1)
+        self._kv_tokens = []
+        self._prefix: tuple[int, ...] | None = None
+        self._prefix_row: np.ndarray | None = None
+        self._suffix: tuple[int, ...] | None = None
+
+    def _truncate(self, length: int) -> bool:
+        """Keep only the first ``length`` cached tokens; False if the cache cannot drop a tail."""
+        if length > len(self._kv_tokens):
+            return False
+        if length == len(self._kv_tokens):
+            return True
+        memory = self._lib.llama_get_memory(self._llm.ctx)
+        if not self._lib.llama_memory_seq_rm(memory, 0, length, -1):
+            return False  # e.g. recurrent models; callers then start over
+        del self._kv_tokens[length:]
+        return True
+
+    # Canonical evaluation: a prefix is always decoded from position 0 in the same
+    # chunks and a suffix always as one decode right after it, so a score never
+    # depends on what the cache held before (llama.cpp's numerics vary slightly with
+    # how tokens are split into batches).
+    def _enter_prefix(self, prefix_ids: tuple[int, ...]) -> np.ndarray:
+        """KV := prefix; return the logits at its last position (saved, not re-decoded)."""
+        if self._prefix == prefix_ids and self._truncate(len(prefix_ids)):
+            self._suffix = ()
+            self.kv_stats.tokens_reused += len(prefix_ids)
+            assert self._prefix_row is not None
+            return self._prefix_row
+        self._forget_kv()
+        row = self._decode(prefix_ids)
+        self._prefix, self._prefix_row, self._suffix = prefix_ids, row, ()
+        return row
+
+    def _position_at(self, prefix_ids: tuple[int, ...], suffix_ids: tuple[int, ...]) -> np.ndarray:
+        """KV := prefix + suffix; return the logits at the last position."""
+        row = self._enter_prefix(prefix_ids)
+        if suffix_ids:
+            row = self._decode(suffix_ids)
+            self._suffix = suffix_ids
+        return row
+
+    def _rewind_to(self, prefix_ids: tuple[int, ...], suffix_ids: tuple[int, ...]) -> None:
+        """KV := prefix + suffix, dropping later tokens when the cache already holds both."""
+        if (self._prefix == prefix_ids and self._suffix == suffix_ids
+                and self._truncate(len(prefix_ids) + len(suffix_ids))):
+            self.kv_stats.tokens_reused += len(prefix_ids) + len(suffix_ids)
+            return
+        self._position_at(prefix_ids, suffix_ids)
+
+    def _decode(
+        self, tokens: Sequence[int], on_row: Callable[[int, np.ndarray], None] | None = None
+    ) -> np.ndarray:
+        """Append ``tokens`` to the KV cache and return a copy of the last position's logits.
+
+        With ``on_row``, logits are requested for every position and passed as
+        ``on_row(index_in_tokens, row_view)`` (the view is only valid during the call).
+        """
+        if not tokens:
+            raise EngineError("internal: nothing to decode")
+        start = len(self._kv_tokens)
+        if start + len(tokens) > self._n_ctx:
+            raise EngineError(
+                f"input needs {start + len(tokens)} tokens but the context holds {self._n_ctx}; "
+                "raise n_ctx or shorten the prompt"
+            )
+        lib, batch, ctx = self._lib, self._batch, self._llm.ctx
+        step = min(self._n_batch, _ALL_LOGITS_CHUNK) if on_row else self._n_batch
+        last_row = None
+        for offset in range(0, len(tokens), step):
+            chunk = tokens[offset : offset + step]
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = start + offset + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = on_row is not None
+            is_last_chunk = offset + len(chunk) == len(tokens)
+            batch.logits[len(chunk) - 1] = on_row is not None or is_last_chunk
+            code = lib.llama_decode(ctx, batch)
+            if code != 0:
+                self._forget_kv()  # the cache may hold a partial batch now
+                raise EngineError(f"llama.cpp decode failed with code {code}")
+            self._kv_tokens.extend(chunk)
+            self.kv_stats.tokens_decoded += len(chunk)
+            if on_row is not None:
+                for i in range(len(chunk)):
+                    on_row(offset + i, self._logits_row(i))
+            if is_last_chunk:
+                last_row = self._logits_row(len(chunk) - 1).copy()
+        assert last_row is not None
+        return last_row
+
+    def _logits_row(self, index: int) -> np.ndarray:
+        pointer = self._lib.llama_get_logits_ith(self._llm.ctx, index)
+        if not pointer:
+            raise EngineError("llama.cpp returned no logits for a requested position")
+        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))
+
+
+def _logsumexp(row: np.ndarray) -> float:
+    top = float(row.max())
+    return top + float(np.log(np.exp(row - top, dtype=np.float64).sum()))
+
+
+def _pick_logprobs(row: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """log-softmax(row)[token_ids] without materialising the whole log-softmax."""
+    return row[token_ids].astype(np.float64) - _logsumexp(row)
+
+
+def _quiet_native_output(lib: object):
+    """Silence llama.cpp's native log lines during model load (as verbose=False intends)."""
+    utils = getattr(lib, "_utils", None)
+    quiet = getattr(utils, "suppress_stdout_stderr", None)
+    return quiet(disable=False) if quiet is not None else nullcontext()

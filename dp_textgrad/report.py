@@ -1,0 +1,212 @@
+"""Run reports (Markdown and HTML with plots), rebuilt from a run directory alone.
+
+Everything plotted is already DP-released (noisy estimates, epsilon spent) or is the
+user's own test-split evaluation, which the report labels as outside the guarantee.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from dp_textgrad import _io, runs
+
+UNSAFE_BANNER = "**WARNING: this run was in unsafe mode. It is NOT differentially private.**"
+
+
+def _plots(result: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, bytes]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    images: dict[str, bytes] = {}
+    gens = [m["generation"] for m in metrics]
+
+    def save(fig, name: str) -> None:
+        buffer = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buffer, format="png", dpi=110)
+        plt.close(fig)
+        images[name] = buffer.getvalue()
+
+    if metrics:
+        fig, ax = plt.subplots(figsize=(5.5, 3.2))
+        ax.plot(gens, [m["best_estimate"] for m in metrics], marker="o", label="best (shrunk noisy estimate)")
+        ax.plot(gens, [m["mean_estimate"] for m in metrics], marker=".", linestyle="--", label="population mean")
+        ax.set_xlabel("generation")
+        ax.set_ylabel("DP score estimate")
+        ax.set_title("Score per generation (noisy, DP-released)")
+        ax.legend(fontsize=8)
+        save(fig, "scores.png")
+
+        fig, ax = plt.subplots(figsize=(5.5, 3.2))
+        names = sorted({k for m in metrics for k in m.get("epsilons", {})})
+        for name in names:
+            values = [m["epsilons"].get(name, math.nan) for m in metrics]
+            ax.plot(gens, [v if math.isfinite(v) else math.nan for v in values], marker=".", label=name)
+        ax.plot(gens, [m["epsilon_spent"] for m in metrics], color="black", linewidth=2, label="used (smallest)")
+        ax.set_xlabel("generation")
+        ax.set_ylabel("epsilon spent")
+        ax.set_yscale("log")
+        ax.set_title("Privacy spent by accountant")
+        ax.legend(fontsize=7)
+        save(fig, "epsilon.png")
+
+    evaluation = result.get("evaluation")
+    if evaluation:
+        fig, ax = plt.subplots(figsize=(4.0, 3.0))
+        ax.bar(["seed prompt", "released prompt"],
+               [evaluation["seed_accuracy"], evaluation["released_accuracy"]], color=["#999999", "#2b6cb0"])
+        ax.set_ylim(0, 1)
+        ax.set_ylabel(f"test accuracy (n={evaluation['n_test']})")
+        ax.set_title("Seed vs released (not covered by DP)")
+        save(fig, "accuracy.png")
+
+    lineage = result.get("lineage") or []
+    if lineage:
+        fig, ax = plt.subplots(figsize=(5.5, 0.6 + 0.45 * len(lineage)))
+        for row, cand in enumerate(lineage):
+            ax.scatter(cand.get("generation", 0), row, color="#2b6cb0")
+            ax.annotate(f"{cand.get('id')} ({cand.get('operator')})", (cand.get("generation", 0), row),
+                        textcoords="offset points", xytext=(6, -3), fontsize=8)
+        ax.set_yticks([])
+        ax.set_xlabel("generation")
+        ax.set_title("Lineage of the released prompt (oldest at the bottom)")
+        ax.margins(x=0.6, y=0.3)
+        save(fig, "lineage.png")
+    return images
+
+
+def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any],
+                   metrics: list[dict[str, Any]], images: dict[str, str]) -> str:
+    lines: list[str] = []
+    if result.get("unsafe"):
+        lines += [UNSAFE_BANNER, ""]
+    lines += [f"# dp-textgrad run `{run_dir.name}`", ""]
+    cfg = config.get("config", {})
+    lines += [
+        "## Guarantee",
+        "",
+        f"- epsilon spent: **{result['epsilon']:.4g}** (budget {cfg.get('epsilon')}), delta = {result['delta']:.3g}"
+        if not result.get("unsafe") else "- epsilon: not differentially private (unsafe mode)",
+        f"- unit of privacy: one record; neighbouring datasets differ by adding or removing one record",
+        f"- selection: {cfg.get('selection')}; noise multiplier z = {config.get('noise_multiplier')}; "
+        f"per-selection epsilon0 = {config.get('selection_epsilon')}",
+        f"- schedule: {cfg.get('generations')} generations, population {cfg.get('population')}, "
+        f"parents {cfg.get('parents')}, sampling rate q = {cfg.get('sampling_rate')}",
+        f"- noise: {'INSECURE reproducible seed (research only)' if cfg.get('insecure_noise_seed') is not None else 'OS entropy'}",
+        "",
+        "| accountant | epsilon |",
+        "|---|---|",
+    ]
+    for name, value in sorted(result.get("epsilons", {}).items()):
+        lines.append(f"| {name} | {value:.4g} |")
+    lines += ["", "## Released prompt", "", "```text", result["prompt"], "```", ""]
+    if result.get("estimate") is not None:
+        lines += [f"DP estimate of its score: {result['estimate']:.3f} (noisy, shrunk).", ""]
+    evaluation = result.get("evaluation")
+    if evaluation:
+        lines += [
+            "## Test-split evaluation (research only, not covered by the guarantee)",
+            "",
+            f"| prompt | accuracy (n={evaluation['n_test']}) |",
+            "|---|---|",
+            f"| seed | {evaluation['seed_accuracy']:.3f} |",
+            f"| released | {evaluation['released_accuracy']:.3f} |",
+            "",
+        ]
+    if metrics:
+        lines += ["## Generations (noisy statistics only)", "",
+                  "| gen | best estimate | mean estimate | epsilon spent | calls | tokens | seconds |",
+                  "|---|---|---|---|---|---|---|"]
+        for m in metrics:
+            lines.append(
+                f"| {m['generation']} | {m['best_estimate']:.3f} | {m['mean_estimate']:.3f} | "
+                f"{m['epsilon_spent']:.4g} | {m['engine_calls']} | {m['prompt_tokens'] + m['completion_tokens']} | "
+                f"{m['seconds']:.1f} |"
+            )
+        lines.append("")
+    for name, ref in images.items():
+        lines += [f"![{name}]({ref})", ""]
+    lines += [f"Stopped because: {result.get('stopped_because')}.", ""]
+    return "\n".join(lines)
+
+
+def _markdown_to_html(markdown: str, images: dict[str, bytes]) -> str:
+    """A small renderer for the subset of Markdown the report uses (no extra dependency)."""
+    out: list[str] = []
+    in_code = False
+    in_table = False
+    for raw in markdown.splitlines():
+        if raw.startswith("```"):
+            out.append("</pre>" if in_code else "<pre>")
+            in_code = not in_code
+            continue
+        if in_code:
+            out.append(html.escape(raw))
+            continue
+        if raw.startswith("|"):
+            cells = [c.strip() for c in raw.strip("|").split("|")]
+            if all(set(c) <= {"-"} for c in cells):
+                continue
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+            out.append("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if raw.startswith("!["):
+            name = raw[2:raw.index("]")]
+            data = base64.b64encode(images[name]).decode("ascii")
+            out.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
+        elif raw.startswith("# "):
+            out.append(f"<h1>{_inline(raw[2:])}</h1>")
+        elif raw.startswith("## "):
+            out.append(f"<h2>{_inline(raw[3:])}</h2>")
+        elif raw.startswith("- "):
+            out.append(f"<li>{_inline(raw[2:])}</li>")
+        elif raw.strip():
+            out.append(f"<p>{_inline(raw)}</p>")
+    if in_table:
+        out.append("</table>")
+    style = ("body{font-family:sans-serif;max-width:860px;margin:2em auto;line-height:1.4}"
+             "pre{background:#f4f4f4;padding:1em;white-space:pre-wrap}td{border:1px solid #ccc;padding:2px 8px}"
+             "table{border-collapse:collapse}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>dp-textgrad report</title>" \
+           f"<style>{style}</style></head><body>{''.join(out)}</body></html>\n"
+
+
+def _inline(text: str) -> str:
+    escaped = html.escape(text)
+    parts = escaped.split("**")
+    escaped = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    parts = escaped.split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """(Re)build ``report.md``, ``report.html`` and ``plots/`` from the files of a run directory."""
+    directory = Path(run_dir)
+    result_path = directory / "result.json"
+    if not result_path.exists():
+        raise FileNotFoundError(f"run_dir: no result.json in {directory}; the run has not finished (resume it first)")
+    config = runs.read_json(directory / "config.json") if (directory / "config.json").exists() else {}
+    result = runs.read_json(result_path)
+    metrics = list(_io.read_jsonl(directory / "metrics.jsonl"))
+    images = _plots(result, metrics)
+    plot_dir = directory / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    for name, data in images.items():
+        (plot_dir / name).write_bytes(data)
+    markdown = build_markdown(directory, config, result, metrics, {n: f"plots/{n}" for n in images})
+    _io.atomic_write_text(directory / "report.md", markdown)
+    html_markdown = build_markdown(directory, config, result, metrics, {n: n for n in images})
+    _io.atomic_write_text(directory / "report.html", _markdown_to_html(html_markdown, images))
+    return directory / "report.md"

@@ -1,0 +1,161 @@
+"""Tasks: private records, public records, a test split, and how a prompt meets a record.
+
+A classification task renders model input as::
+
+    <candidate prompt>\n\n<record_template with the record's text>
+
+and reads the label by comparing the log-probabilities of each label's verbaliser
+(e.g. " billing") as the continuation. The per-record score is in [0, C].
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from dp_textgrad.dp_es.private import PrivateBatch, PrivateDataset
+
+if TYPE_CHECKING:
+    from dp_textgrad.engines.base import Engine
+
+ScoreKind = Literal["accuracy", "label_prob"]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled record."""
+
+    text: str
+    label: str
+
+
+@dataclass(frozen=True)
+class RecordOutcomes:
+    """What one candidate did on a batch of records (private until noised).
+
+    ``scores``: per-record score, shape (n,), NOT yet clipped by the caller.
+    ``gold`` / ``predicted``: label indices, shape (n,), for DP confusion matrices.
+    """
+
+    scores: np.ndarray
+    gold: np.ndarray
+    predicted: np.ndarray
+
+
+@dataclass
+class ClassificationTask:
+    """A text-classification task over private records.
+
+    ``labels`` are the public label names; ``verbalizers`` map each label to the text
+    the model should continue with (default: " " + label). ``record_template`` must
+    contain ``{text}`` and end where the label word starts.
+    """
+
+    name: str
+    description: str
+    labels: list[str]
+    private_train: PrivateDataset[Example]
+    test: list[Example]
+    public_examples: list[Example] = field(default_factory=list)
+    verbalizers: dict[str, str] = field(default_factory=dict)
+    record_template: str = "Text: {text}\nLabel:"
+    score_kind: ScoreKind = "accuracy"
+    clip_bound: float = 1.0
+    seed_prompt: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            raise ValueError("labels: a classification task needs at least two labels")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError("labels: label names must be unique")
+        if len(self.labels) < 2:
+            raise ValueError("labels: a classification task needs at least two labels")
+        if "{text}" not in self.record_template:
+            raise ValueError("record_template: must contain the placeholder {text}")
+        if not self.verbalizers:
+            self.verbalizers = {label: " " + label for label in self.labels}
+        missing = [label for label in self.labels if label not in self.verbalizers]
+        if missing:
+            raise ValueError(f"verbalizers: no verbaliser for labels {missing}")
+        if self.clip_bound <= 0:
+            raise ValueError("clip_bound: must be > 0")
+        if self.score_kind not in ("accuracy", "label_prob"):
+            raise ValueError("score_kind: use 'accuracy' or 'label_prob'")
+        known = set(self.labels)
+        for split_name, split in (("test", self.test), ("public_examples", self.public_examples)):
+            bad = sorted({ex.label for ex in split if ex.label not in known})
+            if bad:
+                raise ValueError(f"{split_name}: unknown labels {bad}; known labels are {self.labels}")
+        # Private labels are checked without revealing the records in the message.
+        unknown = sum(1 for rec in self.private_train if rec.unwrap().label not in known)
+        if unknown:
+            raise ValueError(
+                f"private_train: {unknown} record(s) have a label outside {self.labels}; fix the labels or the label list"
+            )
+        empty = sum(1 for rec in self.private_train if not rec.unwrap().text.strip())
+        if empty:
+            raise ValueError(f"private_train: {empty} record(s) have empty text; drop them before building the task")
+        counts = Counter(rec.unwrap().label for rec in self.private_train)
+        if len(counts) > 1 and max(counts.values()) > 0.9 * len(self.private_train):
+            warnings.warn("private_train: more than 90% of records share one label; accuracy will be a weak signal",
+                          stacklevel=2)
+
+    # -- rendering ------------------------------------------------------------------
+    def render_prefix(self, prompt: str) -> str:
+        """The shared prefix of every record's model input under ``prompt``."""
+        return prompt.rstrip() + "\n\n" if prompt.strip() else ""
+
+    def render_record(self, text: str) -> str:
+        return self.record_template.format(text=text)
+
+    def render_demo(self, example: Example, verbalizers: Mapping[str, str] | None = None) -> str:
+        """A public example as a few-shot demonstration."""
+        verbalizers = verbalizers or self.verbalizers
+        return self.render_record(example.text) + verbalizers[example.label]
+
+    # -- scoring --------------------------------------------------------------------
+    def _outcomes(self, engine: "Engine", prompt: str, texts: Sequence[str], gold: Sequence[str],
+                  verbalizers: Mapping[str, str] | None = None) -> RecordOutcomes:
+        verbalizers = verbalizers or self.verbalizers
+        choices = [verbalizers[label] for label in self.labels]
+        gold_idx = np.array([self.labels.index(g) for g in gold], dtype=int)
+        if not texts:
+            empty = np.zeros(0)
+            return RecordOutcomes(empty, gold_idx, np.zeros(0, dtype=int))
+        logprobs = np.asarray(
+            engine.score_choices_batch(self.render_prefix(prompt), [self.render_record(t) for t in texts], choices),
+            dtype=float,
+        )
+        predicted = logprobs.argmax(axis=1)
+        if self.score_kind == "accuracy":
+            scores = (predicted == gold_idx).astype(float) * self.clip_bound
+        else:  # probability of the gold label, normalised over the label set
+            shifted = logprobs - logprobs.max(axis=1, keepdims=True)
+            probs = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+            scores = probs[np.arange(len(texts)), gold_idx] * self.clip_bound
+        return RecordOutcomes(scores=scores, gold=gold_idx, predicted=predicted)
+
+    def private_outcomes(self, engine: "Engine", prompt: str, batch: PrivateBatch[Example],
+                         verbalizers: Mapping[str, str] | None = None) -> RecordOutcomes:
+        """Outcomes on private records. Call only from a DP mechanism."""
+        records = [rec.unwrap() for rec in batch]
+        return self._outcomes(engine, prompt, [r.text for r in records], [r.label for r in records], verbalizers)
+
+    def public_outcomes(self, engine: "Engine", prompt: str, examples: Sequence[Example],
+                        verbalizers: Mapping[str, str] | None = None) -> RecordOutcomes:
+        """Outcomes on public or test records (no privacy involved)."""
+        return self._outcomes(engine, prompt, [e.text for e in examples], [e.label for e in examples], verbalizers)
+
+    def accuracy(self, engine: "Engine", prompt: str, examples: Sequence[Example] | None = None,
+                 verbalizers: Mapping[str, str] | None = None) -> float:
+        """Test accuracy of ``prompt`` (research evaluation; not covered by the guarantee)."""
+        examples = self.test if examples is None else examples
+        if not examples:
+            raise ValueError("test: no examples to evaluate on")
+        out = self.public_outcomes(engine, prompt, examples, verbalizers)
+        return float(np.mean(out.predicted == out.gold))

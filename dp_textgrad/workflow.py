@@ -1,0 +1,114 @@
+"""One optimization run end to end: calibrate, optimize, evaluate, save, report.
+
+The CLI's ``demo`` and ``optimize`` commands are thin wrappers around :func:`run`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dp_textgrad import runs
+from dp_textgrad._textgrad import import_textgrad
+from dp_textgrad.dp_es.config import DPESConfig
+from dp_textgrad.dp_es.controller import DPEvolutionStrategy, GenerationReport, RunResult
+from dp_textgrad.tasks.base import ClassificationTask
+
+
+@dataclass
+class Evaluation:
+    """Test-split accuracy of the seed and released prompts (research evaluation, not covered by DP)."""
+
+    seed_accuracy: float
+    released_accuracy: float
+    n_test: int
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    result: RunResult
+    evaluation: Evaluation | None
+    seconds: float
+    optimizer: DPEvolutionStrategy
+
+
+def build_optimizer(task: ClassificationTask, engine: Any, config: DPESConfig, run_dir: Path,
+                    seed_prompt: str | None = None, resume: bool = False) -> DPEvolutionStrategy:
+    tg = import_textgrad()
+    prompt = tg.Variable(seed_prompt if seed_prompt is not None else task.seed_prompt,
+                         role_description="instruction prompt for the classifier", requires_grad=True)
+    if resume:
+        return DPEvolutionStrategy.resume(run_dir, [prompt], task=task, engine=engine)
+    return DPEvolutionStrategy([prompt], task=task, engine=engine, config=config, checkpoint_dir=run_dir)
+
+
+def run(
+    task: ClassificationTask,
+    engine: Any,
+    config: DPESConfig,
+    *,
+    runs_root: str | Path = "runs",
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    evaluate: bool = True,
+    seed_prompt: str | None = None,
+    on_start: Callable[[DPEvolutionStrategy], None] | None = None,
+    on_generation: Callable[[GenerationReport], None] | None = None,
+    task_name: str = "custom",
+    engine_name: str = "custom",
+) -> RunOutcome:
+    started = time.perf_counter()
+    directory = Path(run_dir) if run_dir is not None else runs.new_run_dir(runs_root)
+    directory.mkdir(parents=True, exist_ok=True)
+    optimizer = build_optimizer(task, engine, config, directory, seed_prompt=seed_prompt, resume=resume)
+    seed_text = optimizer.variable.value if not resume else runs.read_json(directory / "config.json")["seed_prompt"]
+    if not resume:
+        runs.write_json(directory / "config.json", {
+            "task": task_name,
+            "engine": engine_name,
+            "config": optimizer.config.model_dump(),
+            "seed_prompt": seed_text,
+            "noise_multiplier": optimizer.noise_multiplier,
+            "selection_epsilon": optimizer.selection_epsilon,
+            "dataset_size": len(task.private_train),
+        })
+    if on_start is not None:
+        on_start(optimizer)
+    result = optimizer.run(progress=on_generation)
+    (directory / "released_prompt.txt").write_text(result.prompt + "\n", encoding="utf-8")
+    evaluation = None
+    if evaluate and task.test:
+        evaluation = Evaluation(
+            seed_accuracy=task.accuracy(engine, seed_text),
+            released_accuracy=task.accuracy(engine, result.prompt),
+            n_test=len(task.test),
+        )
+    seconds = time.perf_counter() - started
+    runs.write_json(directory / "result.json", {
+        **result.as_dict(),
+        "evaluation": evaluation.__dict__ if evaluation else None,
+        "seconds": seconds,
+        "engine_usage": engine.usage.as_dict() if hasattr(engine, "usage") else None,
+    })
+    from dp_textgrad.report import write_report  # plotting is imported only when a report is written
+
+    write_report(directory)
+    runs.append_run_log(Path(directory).parent, {
+        "run_dir": directory.name,
+        "task": task_name,
+        "engine": engine_name,
+        "config": optimizer.config.model_dump(),
+        "noise_seeded_insecurely": optimizer.config.insecure_noise_seed is not None,
+        "epsilon": result.epsilon,
+        "delta": result.delta,
+        "epsilon_by_accountant": result.epsilons,
+        "accountant": "smallest valid bound",
+        "unsafe": result.unsafe,
+        "seconds": seconds,
+        "machine": runs.machine_summary(),
+    })
+    return RunOutcome(directory, result, evaluation, seconds, optimizer)

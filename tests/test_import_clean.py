@@ -1,0 +1,56 @@
+"""`import dp_textgrad` (and loading DPEvolutionStrategy, which imports textgrad) writes
+no file and makes no network attempt."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PROBE = textwrap.dedent(
+    """
+    import socket, sys
+    attempts = []
+    real_connect = socket.socket.connect
+    def guarded(self, address):
+        attempts.append(repr(address))
+        raise OSError("network disabled in test")
+    socket.socket.connect = guarded
+    real_getaddrinfo = socket.getaddrinfo
+    def no_dns(*args, **kwargs):
+        attempts.append("dns:" + repr(args[0]))
+        raise OSError("dns disabled in test")
+    socket.getaddrinfo = no_dns
+    import dp_textgrad
+    from dp_textgrad import DPEvolutionStrategy
+    import logging
+    handlers = [h for h in logging.getLogger("textgrad").handlers if isinstance(h, logging.FileHandler)]
+    print("ATTEMPTS", len(attempts), attempts)
+    print("FILEHANDLERS", len(handlers))
+    """
+)
+
+
+def _snapshot(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_import_writes_nothing_and_stays_offline(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    work = tmp_path / "work"
+    tmpdir = tmp_path / "tmp"
+    for d in (home, work, tmpdir):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in {"TEXTGRAD_LOG_DIR", "LITELLM_LOCAL_MODEL_COST_MAP"}}
+    env.update(HOME=str(home), TMPDIR=str(tmpdir), PYTHONDONTWRITEBYTECODE="1")
+    before = {d: _snapshot(d) for d in (home, work, tmpdir)}
+    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ATTEMPTS 0" in proc.stdout, proc.stdout
+    assert "FILEHANDLERS 0" in proc.stdout, proc.stdout
+    for d in (home, work, tmpdir):
+        assert _snapshot(d) == before[d], f"files appeared under {d.name}: {_snapshot(d) - before[d]}"
+    assert not (work / "logs").exists()
