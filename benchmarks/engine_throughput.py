@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         import llama_cpp
 
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
+        from dp_textgrad.engines.llama_cpp import quiet_native_output
         engine = LlamaCppEngine(n_threads=args.threads)
     except ImportError as exc:
         print(f"SKIPPED: the local engine is unavailable ({exc})")
@@ -128,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # Each baseline gets its own context on the same model file, with the engine's settings.
     def context():
-        return llama_cpp.Llama(model_path=str(engine.model_path), n_ctx=engine.n_ctx, n_batch=512, n_ubatch=512,
-                               n_threads=engine.n_threads, n_threads_batch=engine.n_threads, logits_all=False,
-                               swa_full=True, verbose=False)
+        with quiet_native_output(llama_cpp):
+            return llama_cpp.Llama(model_path=str(engine.model_path), n_ctx=engine.n_ctx, n_batch=512, n_ubatch=512,
+                                   n_threads=engine.n_threads, n_threads_batch=engine.n_threads, logits_all=False,
+                                   swa_full=True, verbose=False)
 
     naive_llm, raw_llm = context(), context()
     n_vocab = raw_llm.n_vocab()

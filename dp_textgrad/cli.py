@@ -1,18 +1,27 @@
-"""Command line: ``dp-textgrad demo | budget | optimize | report``.
+"""Command line: ``dp-textgrad demo | optimize | budget | report``.
 
-Errors are one clear line (``--debug`` shows the traceback). Exit codes: 0 success,
-1 run failure, 2 bad input or configuration, 130 interrupted.
+Errors are one clear line (``dp-textgrad --debug ...`` shows the traceback). Exit codes:
+0 success, 1 run failure (engine errors, nothing could be released), 2 bad input or
+configuration, 130 interrupted (the run stops after a clean checkpoint; resume it with
+``dp-textgrad optimize --resume RUN_DIR``).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
+
+from dp_textgrad.dp_es.config import DPESConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Differentially private prompt optimization (DP-ES on TextGrad).")
@@ -23,6 +32,9 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
+# What the CLI saves in a run directory so that `optimize --resume` can rebuild the task and engine.
+CLI_SETTINGS_NAME = "cli_settings.json"
+
 _state: dict[str, bool] = {"debug": False}
 
 
@@ -31,25 +43,23 @@ def main(debug: bool = typer.Option(False, "--debug", help="show full tracebacks
     _state["debug"] = debug
 
 
+# -- errors ------------------------------------------------------------------------------
 def _fail(exc: BaseException, code: int) -> None:
     if _state["debug"]:
         raise exc
-    err.print(f"[bold red]error:[/] {exc}")
+    # One line, no markup interpretation (messages may contain brackets).
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:
-    from pydantic import ValidationError
-
     from dp_textgrad.dp_es.private import PrivateDataError
 
     return (ValueError, FileNotFoundError, ValidationError, PrivateDataError)
 
 
 def _config_from(settings: dict[str, Any]):
-    from pydantic import ValidationError
-
-    from dp_textgrad.dp_es.config import DPESConfig
     from dp_textgrad.dp_es.controller import ConfigError, format_validation_error
 
     try:
@@ -58,8 +68,251 @@ def _config_from(settings: dict[str, Any]):
         raise ConfigError(format_validation_error(exc)) from None
 
 
+# -- the configuration file of `optimize` (pydantic at the edge) ------------------------------
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+DEFAULT_FILE_SEED_PROMPT = "Read the text and name its label."
+
+
+class TaskSection(_Section):
+    """Either a built-in task (``name``) or the user's files (``train`` + ``test``)."""
+
+    name: Optional[Literal["support", "sst2", "banking77"]] = Field(
+        None, description="built-in task; its builder's arguments go in `options`")
+    train: Optional[Path] = Field(None, description="private training file (.csv, .tsv or .jsonl)")
+    test: Optional[Path] = Field(None, description="test file (evaluation only; its labels define the classes)")
+    public: Optional[Path] = Field(None, description="public examples that may be shown to the LLM")
+    text_column: str = "text"
+    label_column: str = "label"
+    labels: Optional[list[str]] = Field(None, description="the classes (default: the labels of the test file)")
+    description: str = Field("", description="public description of the task, shown to the mutation LLM")
+    record_template: Optional[str] = Field(None, description="how a record is shown, with {text}")
+    seed_prompt: Optional[str] = Field(None, description="the prompt evolution starts from "
+                                       f"(files: default {DEFAULT_FILE_SEED_PROMPT!r})")
+    options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the task builder")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "TaskSection":
+        files = {k: getattr(self, k) for k in ("train", "test", "public") if getattr(self, k) is not None}
+        if self.name is not None and files:
+            raise ValueError(f"give either name or train/test files, not both (got name and {', '.join(files)})")
+        if self.name is None and (self.train is None or self.test is None):
+            raise ValueError("give name (support, sst2, banking77) or both train and test files")
+        return self
+
+    def display_name(self) -> str:
+        return self.name if self.name is not None else f"custom ({Path(self.train).name})"
+
+
+class EngineSection(_Section):
+    kind: Literal["llama_cpp", "openai", "transformers"] = Field(
+        "llama_cpp",
+        description="llama_cpp (embedded local model), openai (any OpenAI-compatible server), transformers")
+    model: Optional[str] = Field(
+        None, description="GGUF path (llama_cpp), model name (openai), name or path (transformers)")
+    base_url: Optional[str] = Field(None, description="openai only: e.g. http://127.0.0.1:8080/v1")
+    mode: Optional[Literal["chat", "completions"]] = Field(None, description="openai only")
+    options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the engine")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "EngineSection":
+        if self.kind != "openai":
+            for key in ("base_url", "mode"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies only to kind: openai (kind is {self.kind})")
+        if self.kind == "openai" and not self.model:
+            raise ValueError("model: kind openai needs a model name (e.g. model: gpt-4o-mini)")
+        if "api_key" in self.options:
+            # Settings are saved in the run directory: keys belong in the environment.
+            raise ValueError("options.api_key: do not put keys in configuration files; set OPENAI_API_KEY")
+        return self
+
+
+class OutputSection(_Section):
+    runs_root: Path = Field(Path("runs"), description="where run directories are created")
+    evaluate: bool = Field(True, description="report test accuracy of the seed and released prompts (not DP)")
+
+
+class OptimizeSettings(_Section):
+    """The whole configuration file of ``dp-textgrad optimize``."""
+
+    task: TaskSection = Field(default_factory=lambda: TaskSection(name="support"))
+    engine: EngineSection = Field(default_factory=EngineSection)
+    dp: DPESConfig = Field(default_factory=DPESConfig)
+    output: OutputSection = Field(default_factory=OutputSection)
+
+
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = OptimizeSettings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return list(model.model_fields)
+
+
+def format_settings_error(error: ValidationError) -> str:
+    """One clause per problem, naming the key; unknown keys get a spelling suggestion."""
+    parts = []
+    for item in error.errors():
+        loc = tuple(item.get("loc", ()))
+        where = ".".join(str(x) for x in loc) or "config"
+        if item.get("type") == "extra_forbidden":
+            known = _known_keys(loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else (f"; known keys: {', '.join(known)}" if known else "")
+            parts.append(f"{where}: unknown key{hint}")
+        else:
+            message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
+            parts.append(f"{where}: {message}")
+    return "config: " + "; ".join(parts)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The raw mapping of a YAML or TOML file; relative task paths are made relative to the file."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config: no file at {path}")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        elif suffix == ".toml":
+            import tomllib
+
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        else:
+            raise ValueError(f"config: use a .yaml, .yml or .toml file, got {path.name}")
+    except ValueError:
+        raise
+    except Exception as exc:  # yaml.YAMLError has no common base with tomllib.TOMLDecodeError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"config: {path.name} is not valid {suffix.lstrip('.').upper()}: {first}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"config: {path.name} must hold a mapping of sections (task, engine, dp, output)")
+    task = raw.get("task")
+    if isinstance(task, dict):
+        for key in ("train", "test", "public"):
+            value = task.get(key)
+            if isinstance(value, str) and not Path(value).is_absolute():
+                task[key] = str((path.parent / value).resolve())
+    return raw
+
+
+def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> OptimizeSettings:
+    """Merge flag overrides (section -> key -> value, None = not given) into the file, then validate once."""
+    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for section, values in overrides.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if not given:
+            continue
+        current = merged.get(section)
+        current = dict(current) if isinstance(current, dict) else {}
+        if section == "task":
+            # A flag naming the task replaces the file's choice of source.
+            if "name" in given:
+                for key in ("train", "test", "public"):
+                    current.pop(key, None)
+            if "train" in given or "test" in given:
+                current.pop("name", None)
+        if section == "engine" and "kind" in given and given["kind"] != current.get("kind"):
+            # Options of another engine kind do not carry over.
+            for key in ("base_url", "mode", "options", "model"):
+                current.pop(key, None)
+        current.update(given)
+        merged[section] = current
+    dp = merged.get("dp")
+    if isinstance(dp, dict) and dp.get("selection") == "exponential" and "feedback" not in dp:
+        # DP feedback rides on the Gaussian scores; exponential selection has none unless asked.
+        merged["dp"] = {**dp, "feedback": "none"}
+    try:
+        return OptimizeSettings(**merged)
+    except ValidationError as exc:
+        from dp_textgrad.dp_es.controller import ConfigError
+
+        raise ConfigError(format_settings_error(exc)) from None
+
+
+# -- building the task and the engine ------------------------------------------------------
+def build_task(section: TaskSection):
+    options = dict(section.options)
+    try:
+        if section.name is not None:
+            from dp_textgrad.tasks.registry import get_task
+
+            return get_task(section.name, **options)
+        from dp_textgrad.tasks.loaders import build_task_from_files
+
+        if section.record_template is not None:
+            options["record_template"] = section.record_template
+        options["seed_prompt"] = section.seed_prompt or DEFAULT_FILE_SEED_PROMPT
+        return build_task_from_files(
+            "custom", section.train, section.test, public=section.public, labels=section.labels,
+            text_column=section.text_column, label_column=section.label_column,
+            description=section.description, **options,
+        )
+    except TypeError as exc:
+        raise ValueError(f"task.options: not accepted by the task builder ({exc})") from None
+
+
+def make_engine(section: EngineSection):
+    """The engine a configuration names (tests monkeypatch this factory)."""
+    options = dict(section.options)
+    try:
+        if section.kind == "llama_cpp":
+            from dp_textgrad.engines.llama_cpp import LlamaCppEngine
+
+            return LlamaCppEngine(model_path=section.model, **options)
+        if section.kind == "openai":
+            from dp_textgrad.engines.openai_engine import OpenAIEngine
+
+            return OpenAIEngine(section.model, base_url=section.base_url, mode=section.mode or "chat", **options)
+        from dp_textgrad.engines.transformers_engine import TransformersEngine
+
+        return TransformersEngine(model_name_or_path=section.model, **options)
+    except TypeError as exc:
+        raise ValueError(f"engine.options: not accepted by the {section.kind} engine ({exc})") from None
+
+
+# -- running with progress, and stopping cleanly on Ctrl-C ------------------------------------
+class _StopAfterCheckpoint(Exception):
+    """Raised after a generation's checkpoint when the user pressed Ctrl-C."""
+
+
+class _GracefulStop:
+    """First Ctrl-C: finish the current generation (its checkpoint), then stop. Second: stop now."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        self._installed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        typer.echo("\nstopping after this generation's checkpoint (Ctrl-C again to stop at once)", err=True)
+
+    def __enter__(self) -> "_GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str, runs_root: Path,
-                       run_dir: Optional[Path] = None, resume: bool = False):
+                       run_dir: Optional[Path] = None, resume: bool = False, evaluate: bool = True,
+                       stop: Optional[_GracefulStop] = None):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from dp_textgrad import workflow
@@ -78,14 +331,17 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
 
     def on_start(optimizer) -> None:
         cfg = optimizer.config
+        holder["generations"] = cfg.generations
+        holder["epsilon"] = cfg.epsilon
         mech = (f"Gaussian noisy scores, noise multiplier z = {optimizer.noise_multiplier:.3f}"
                 if cfg.selection == "gaussian" else
                 f"exponential top-{cfg.parents}, epsilon0 = {optimizer.selection_epsilon:.4f} per selection")
+        resumed = f" Resuming at generation {optimizer.generation}." if resume else ""
         console.print(
             f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
             f"({cfg.generations} generations x {cfg.population} candidates, q = {cfg.sampling_rate:.4f}, "
             f"about {cfg.sampling_rate * len(task.private_train):.0f} of {len(task.private_train)} private records "
-            f"per generation).\n[bold]Mechanism[/]: {mech}."
+            f"per generation).{resumed}\n[bold]Mechanism[/]: {mech}."
         )
         if cfg.mode == "unsafe":
             console.print("[bold red]UNSAFE mode: raw private examples reach the mutator. NOT differentially private.[/]")
@@ -95,13 +351,16 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
 
     def on_generation(report) -> None:
         progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
-                        eps=f"{report.epsilon_spent:.3g}/{config.epsilon:g}",
+                        eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}",
                         tokens=report.prompt_tokens + report.completion_tokens)
+        # The checkpoint of this generation is on disk now; after the last one, just finish.
+        if stop is not None and stop.requested and report.generation + 1 < holder["generations"]:
+            raise _StopAfterCheckpoint
 
     try:
         return workflow.run(task, engine, config, runs_root=runs_root, run_dir=run_dir, resume=resume,
-                            on_start=on_start, on_generation=on_generation, task_name=task_name,
-                            engine_name=engine_name)
+                            evaluate=evaluate, on_start=on_start, on_generation=on_generation,
+                            task_name=task_name, engine_name=engine_name)
     finally:
         progress.stop()
 
@@ -121,9 +380,45 @@ def _print_outcome(outcome) -> None:
         console.print(f"[bold]Test accuracy[/] (n={ev.n_test}, not covered by DP): seed {ev.seed_accuracy:.3f} -> "
                       f"released {ev.released_accuracy:.3f}")
     console.print(f"[bold]Run directory[/]: {outcome.run_dir}\n[bold]Report[/]: {outcome.run_dir / 'report.html'} "
-                  f"(and report.md); took {outcome.seconds:.0f} s")
+                  f"(and report.md); took {outcome.seconds:.0f} s", soft_wrap=True)
 
 
+def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -> Any:
+    """Run ``action`` and turn its failures into one line and an exit code."""
+    from dp_textgrad.engines.base import EngineError
+
+    try:
+        return action()
+    except (KeyboardInterrupt, _StopAfterCheckpoint):
+        directory = run_dir()
+        if directory is not None and (directory / "checkpoint.json").exists():
+            typer.echo(f"interrupted: checkpoint saved; resume with `dp-textgrad optimize --resume {directory}`",
+                       err=True)
+        else:
+            typer.echo("interrupted before the first checkpoint; nothing to resume", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    except typer.Exit:
+        raise
+    except _bad_input_types() as exc:
+        _fail(exc, EXIT_BAD_INPUT)
+    except (EngineError, RuntimeError, OSError) as exc:
+        _fail(exc, EXIT_FAILURE)
+    except Exception as exc:  # a bug: name its type only (its message might quote data)
+        if _state["debug"]:
+            raise
+        _fail(RuntimeError(f"unexpected {type(exc).__name__}; rerun with --debug for the traceback"), EXIT_FAILURE)
+
+
+def _start_run_dir(runs_root: Path, settings: OptimizeSettings) -> Path:
+    from dp_textgrad import runs
+
+    directory = runs.new_run_dir(runs_root)
+    saved = settings.model_dump(mode="json")
+    runs.write_json(directory / CLI_SETTINGS_NAME, saved)
+    return directory
+
+
+# -- commands ------------------------------------------------------------------------------
 @app.command()
 def demo(
     epsilon: float = typer.Option(4.0, help="total privacy budget epsilon"),
@@ -138,9 +433,9 @@ def demo(
     runs_root: Path = typer.Option(Path("runs"), help="where run directories are created"),
 ) -> None:
     """Run DP-ES end to end on the built-in private task with the embedded local model."""
-    from dp_textgrad.engines.base import EngineError
+    holder: dict[str, Path] = {}
 
-    try:
+    def action():
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
         from dp_textgrad.tasks.synthetic import make_support_task
 
@@ -150,18 +445,97 @@ def demo(
                                    parents=parents, sampling_rate=q, seed=seed))
         console.print("Loading the local model (Gemma 3 270M via llama.cpp; first use assembles the GGUF)...")
         engine = LlamaCppEngine()
-        outcome = _run_with_progress(task, engine, config, task_name="support (built-in)",
-                                     engine_name=engine.model_string, runs_root=runs_root)
-    except KeyboardInterrupt:
-        err.print("interrupted: the last checkpoint is in the run directory; resume with `dp-textgrad optimize --resume`")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    except typer.Exit:
-        raise
-    except _bad_input_types() as exc:
-        _fail(exc, EXIT_BAD_INPUT)
-    except (EngineError, RuntimeError, OSError) as exc:
-        _fail(exc, EXIT_FAILURE)
-    _print_outcome(outcome)
+        settings = OptimizeSettings(
+            task=TaskSection(name="support", options=dict(seed=seed, n_private=n_private, n_test=n_test)),
+            engine=EngineSection(kind="llama_cpp"), dp=config, output=OutputSection(runs_root=runs_root))
+        holder["dir"] = _start_run_dir(runs_root, settings)
+        with _GracefulStop() as stop:
+            return _run_with_progress(task, engine, config, task_name="support (built-in)",
+                                      engine_name=engine.model_string, runs_root=runs_root,
+                                      run_dir=holder["dir"], stop=stop)
+
+    _print_outcome(_guarded(action, lambda: holder.get("dir")))
+
+
+_RESUME_FIXED = ("config", "epsilon", "delta", "generations", "population", "parents", "sampling_rate",
+                 "selection", "seed", "task", "train", "test", "runs_root")
+
+
+@app.command()
+def optimize(
+    config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                          help="YAML or TOML file (sections: task, engine, dp, output)"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in RUN_DIR from its checkpoint"),
+    epsilon: Optional[float] = typer.Option(None, help="total privacy budget epsilon (dp.epsilon)"),
+    delta: Optional[float] = typer.Option(None, help="total delta (dp.delta; default min(1e-5, 1/(10N)))"),
+    generations: Optional[int] = typer.Option(None, help="DP generations (dp.generations)"),
+    population: Optional[int] = typer.Option(None, help="candidates per generation (dp.population)"),
+    parents: Optional[int] = typer.Option(None, help="parents per generation (dp.parents)"),
+    sampling_rate: Optional[float] = typer.Option(None, help="Poisson sampling rate q (dp.sampling_rate)"),
+    selection: Optional[str] = typer.Option(None, help="gaussian | exponential (dp.selection)"),
+    seed: Optional[int] = typer.Option(None, help="seed of non-private choices (dp.seed); never of DP noise"),
+    task: Optional[str] = typer.Option(None, help="built-in task: support | sst2 | banking77 (task.name)"),
+    train: Optional[Path] = typer.Option(None, help="private training file .csv/.tsv/.jsonl (task.train)"),
+    test: Optional[Path] = typer.Option(None, help="test file (task.test)"),
+    engine: Optional[str] = typer.Option(None, help="llama_cpp | openai | transformers (engine.kind)"),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1"),
+    model: Optional[str] = typer.Option(None, help="engine.model: GGUF path, model name, or HF name/path"),
+    runs_root: Optional[Path] = typer.Option(None, help="where run directories are created (output.runs_root)"),
+) -> None:
+    """Optimize a prompt with DP-ES on your data and any engine. Flags override the config file."""
+    given = dict(config=config, epsilon=epsilon, delta=delta, generations=generations, population=population,
+                 parents=parents, sampling_rate=sampling_rate, selection=selection, seed=seed, task=task,
+                 train=train, test=test, runs_root=runs_root)
+    engine_flags = dict(kind=engine, base_url=base_url, model=model)
+    holder: dict[str, Path] = {}
+
+    def action():
+        from dp_textgrad import runs
+        from dp_textgrad.dp_es.controller import ConfigError
+
+        if resume is not None:
+            fixed = [f"--{k.replace('_', '-')}" for k in _RESUME_FIXED if given[k] is not None]
+            if fixed:
+                raise ConfigError(f"resume: {', '.join(fixed)} cannot be given with --resume; the task, budget "
+                                  "and schedule of a run are fixed by its checkpoint (only --engine, "
+                                  "--base-url, --model may change)")
+            directory = resume
+            if not (directory / "checkpoint.json").is_file():
+                raise ConfigError(f"resume: no checkpoint.json in {directory}; is this a run directory?")
+            if (directory / "result.json").is_file():
+                raise ConfigError(f"resume: the run in {directory} has finished; rebuild its report with "
+                                  "`dp-textgrad report RUN_DIR` or start a new run")
+            if not (directory / CLI_SETTINGS_NAME).is_file():
+                raise ConfigError(f"resume: no {CLI_SETTINGS_NAME} in {directory} (the run was not started "
+                                  "from the command line); resume it with workflow.run(..., resume=True)")
+            saved = runs.read_json(directory / CLI_SETTINGS_NAME)
+            saved["dp"] = runs.read_json(directory / "config.json")["config"]
+            settings = build_settings(saved, {"engine": engine_flags})
+            holder["dir"] = directory
+        else:
+            raw = read_config_file(config) if config is not None else {}
+            flags = {
+                "dp": dict(epsilon=epsilon, delta=delta, generations=generations, population=population,
+                           parents=parents, sampling_rate=sampling_rate, selection=selection, seed=seed),
+                "task": dict(name=task, train=train.resolve() if train else None,
+                             test=test.resolve() if test else None),
+                "engine": engine_flags,
+                "output": dict(runs_root=runs_root),
+            }
+            settings = build_settings(raw, flags)
+            directory = None
+        the_task = build_task(settings.task)
+        the_engine = make_engine(settings.engine)
+        if directory is None:
+            directory = holder["dir"] = _start_run_dir(settings.output.runs_root, settings)
+        with _GracefulStop() as stop:
+            return _run_with_progress(
+                the_task, the_engine, settings.dp, task_name=settings.task.display_name(),
+                engine_name=str(getattr(the_engine, "model_string", settings.engine.kind)),
+                runs_root=settings.output.runs_root, run_dir=directory, resume=resume is not None,
+                evaluate=settings.output.evaluate, stop=stop)
+
+    _print_outcome(_guarded(action, lambda: holder.get("dir")))
 
 
 @app.command()
@@ -185,11 +559,19 @@ def budget(
         if (epsilon is None) == (noise_multiplier is None and selection_epsilon is None):
             raise ValueError("give either --epsilon (to calibrate) or --noise-multiplier/--selection-epsilon "
                              "(to account), not both")
+        for name, value in (("noise_multiplier", noise_multiplier), ("selection_epsilon", selection_epsilon)):
+            if value is not None and (not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name}: must be a finite number > 0, got {value}")
         if selection == "exponential":
             feedback = "none"
         config = _config_from(dict(epsilon=epsilon if epsilon is not None else 1.0, delta=delta,
                                    generations=generations, population=population, parents=parents,
                                    sampling_rate=sampling_rate, selection=selection, feedback=feedback))
+        if epsilon is None:
+            if config.selection == "gaussian" and noise_multiplier is None:
+                raise ValueError("noise_multiplier: selection gaussian is accounted from --noise-multiplier")
+            if config.selection == "exponential" and selection_epsilon is None:
+                raise ValueError("selection_epsilon: selection exponential is accounted from --selection-epsilon")
         if epsilon is not None:
             plan = RunPlan.from_config(config)
             z, e0 = plan.noise_multiplier, plan.selection_epsilon
@@ -217,10 +599,12 @@ def report(run_dir: Path = typer.Argument(..., help="a run directory under runs/
     try:
         from dp_textgrad.report import write_report
 
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"run_dir: {run_dir} is not a directory")
         path = write_report(run_dir)
     except _bad_input_types() as exc:
         _fail(exc, EXIT_BAD_INPUT)
-    console.print(f"Report: {path} and {path.with_suffix('.html')}")
+    console.print(f"Report: {path} and {path.with_suffix('.html')}", soft_wrap=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

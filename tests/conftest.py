@@ -29,3 +29,33 @@ def llama_engine():
     engine = LlamaCppEngine(n_ctx=512, n_threads=1)
     yield engine
     engine.close()
+
+
+# OpenAI-compatible engines: a fault-injecting fake server and the real llama.cpp server.
+try:
+    from tests.conftest_openai import fault_server, llama_server, openai_fake_engine, openai_llama_engine  # noqa: F401,E402,E501
+except ImportError:  # plain `pytest`: tests/ is on sys.path
+    from conftest_openai import fault_server, llama_server, openai_fake_engine, openai_llama_engine  # noqa: F401,E402,E501
+
+
+@pytest.fixture(scope="session")
+def transformers_tiny_engine():
+    """TransformersEngine on a tiny random 2-layer Gemma 3 built locally (tests/tiny_hf.py);
+    skipped without the [hf] extra. float64, so that batching and padding change scores by
+    far less than the contract's 1e-9 (float32 differs by ~1e-6). One torch thread: a tiny
+    model gains nothing from more."""
+    torch = pytest.importorskip("torch", reason="needs the [hf] extra: pip install 'dp-textgrad[hf]'")
+    pytest.importorskip("transformers", reason="needs the [hf] extra: pip install 'dp-textgrad[hf]'")
+    pytest.importorskip("tokenizers", reason="needs the [hf] extra: pip install 'dp-textgrad[hf]'")
+    try:
+        from tests.tiny_hf import make_byte_tokenizer, make_model
+    except ImportError:  # plain `pytest`: tests/ is on sys.path
+        from tiny_hf import make_byte_tokenizer, make_model
+    from dp_textgrad.engines.transformers_engine import TransformersEngine
+
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tokenizer = make_byte_tokenizer()
+    yield TransformersEngine(model=make_model(tokenizer, "gemma3"), tokenizer=tokenizer, device="cpu",
+                             dtype=torch.float64)
+    torch.set_num_threads(previous_threads)

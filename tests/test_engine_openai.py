@@ -19,11 +19,11 @@ from dp_textgrad.engines.openai_engine import OpenAIEngine, OpenAIEngineError, P
 from dp_textgrad.engines.ratelimit import TokenBucket
 
 try:
-    from tests.conftest_openai import LLAMA_MODEL_ALIAS, fault_server, gemma_gguf_path, llama_server  # noqa: F401
+    from tests.conftest_openai import LLAMA_MODEL_ALIAS, gemma_gguf_path  # noqa: F401
     from tests.servers import (FaultServer, fake_logprob, free_port, fake_tokens, malformed_json, missing_fields,
                                rate_limited, server_error, slow)
 except ImportError:  # tests/ itself is on sys.path
-    from conftest_openai import LLAMA_MODEL_ALIAS, fault_server, gemma_gguf_path, llama_server  # type: ignore # noqa: F401,E501
+    from conftest_openai import LLAMA_MODEL_ALIAS, gemma_gguf_path  # type: ignore # noqa: F401,E501
     from servers import (FaultServer, fake_logprob, fake_tokens, free_port, malformed_json,  # type: ignore
                          missing_fields, rate_limited, server_error, slow)
 
@@ -66,6 +66,13 @@ def test_completions_mode_prepends_only_an_explicit_system_prompt(fault_server):
     assert first.body["prompt"] == "Q"
     assert second.body["prompt"] == "Be brief.\n\nQ"
     assert "seed" not in first.body and "stop" not in first.body
+
+
+def test_calls_without_max_tokens_get_the_engine_default(fault_server):
+    make_engine(fault_server).generate("Q")
+    make_engine(fault_server, default_max_tokens=16).generate("Q")
+    make_engine(fault_server, default_max_tokens=16).generate("Q", max_tokens=3)
+    assert [r.body["max_tokens"] for r in posts(fault_server)] == [256, 16, 3]
 
 
 def test_chat_mode_sends_messages_with_system_prompt(fault_server):
@@ -357,6 +364,25 @@ def test_token_logprobs_over_the_text_span():
     assert (" very", -1.1) in result.top_alternatives[0]
 
 
+def test_token_logprobs_of_empty_text_is_empty_without_a_request(fault_server):
+    result = make_engine(fault_server).token_logprobs("", context="Review:")
+    assert result.tokens == [] and result.logprobs.shape == (0,)
+    assert posts(fault_server) == []
+
+
+def test_an_over_long_prompt_fails_without_turning_echo_off():
+    with FaultServer(context_limit=50) as server:
+        engine = make_engine(server)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "falls back" warning either
+            with pytest.raises(OpenAIEngineError, match="HTTP 400.*context_length_exceeded") as info:
+                engine.score_choices("Note: " + " ".join([SECRET] * 20), [" yes"])
+            assert SECRET not in str(info.value) and "4471" not in str(info.value)
+            server.reset()
+            engine.score_choices("Short note.", [" yes"])
+        assert [r.body.get("echo") for r in posts(server)] == [True]
+
+
 def test_token_logprobs_first_prompt_token_is_nan(fault_server):
     engine = make_engine(fault_server)
     result = engine.token_logprobs("Hello world")
@@ -433,7 +459,10 @@ def test_echo_rejected_with_400_falls_back_in_auto_mode():
         engine = make_engine(server, max_concurrency=1)
         with pytest.warns(RuntimeWarning, match="no prompt log-probs"):
             scores = engine.score_choices("Label:", [" negative"])
+        sent = [(r.body.get("echo"), r.body.get("logprobs")) for r in posts(server)]
     assert scores[0] == pytest.approx(-1.6)
+    # The refused echo, the same prompt without echo (accepted: echo was the problem), the fallback.
+    assert sent == [(True, 5), (None, None), (None, 5)]
 
 
 def test_first_token_scoring_is_forced_by_option():
@@ -482,7 +511,7 @@ def test_bad_options_name_the_field(kwargs, field):
 # in a module fixture, and checked by several tests.
 LLAMA_PREFIX = "Review:"
 LLAMA_SUFFIXES = [" I loved it! Sentiment:", " I hated it! Sentiment:"]
-LLAMA_CHOICES = [" positive", " negative", " very negative"]
+LLAMA_CHOICES = [" positive", " very negative"]  # the second is several tokens
 
 
 @pytest.fixture(scope="module")
@@ -493,10 +522,10 @@ def llama_run(llama_server):
     run = SimpleNamespace(engine=engine)
     run.scores = engine.score_choices_batch(LLAMA_PREFIX, LLAMA_SUFFIXES, LLAMA_CHOICES)
     run.usage_scoring = dataclasses.replace(engine.usage)
-    # The same echoed prompt as scores[1, 2]: served from the cache.
-    run.choice_tokens = engine.token_logprobs(LLAMA_CHOICES[2], LLAMA_PREFIX + LLAMA_SUFFIXES[1])
+    # Spans of prompts already scored: the echoes come from the cache, not the server.
+    run.choice_tokens = engine.token_logprobs(LLAMA_CHOICES[1], LLAMA_PREFIX + LLAMA_SUFFIXES[1])
+    run.review_tokens = engine.token_logprobs(LLAMA_SUFFIXES[0] + LLAMA_CHOICES[0], LLAMA_PREFIX)
     run.usage_cached = dataclasses.replace(engine.usage)
-    run.paris = engine.token_logprobs(" Paris", context="The capital of France is")
     run.text = engine.generate("The capital of France is", max_tokens=4)
     run.usage_generate = dataclasses.replace(engine.usage)
     question = tg.Variable("Q: What is the capital of France?\nA:", role_description="question",
@@ -510,21 +539,21 @@ def llama_run(llama_server):
 def test_llama_generates_text_and_counts_usage(llama_run):
     assert isinstance(llama_run.text, str) and llama_run.text.strip()
     before, after = llama_run.usage_cached, llama_run.usage_generate
-    assert after.calls - before.calls == 2  # token_logprobs(" Paris") and generate
-    assert 1 <= after.completion_tokens - before.completion_tokens <= 1 + 4
+    assert after.calls - before.calls == 1
+    assert 1 <= after.completion_tokens - before.completion_tokens <= 4
     assert after.prompt_tokens > before.prompt_tokens and after.seconds > before.seconds
 
 
 @pytest.mark.slow
 def test_llama_label_preferences_are_consistent(llama_run):
     scores = llama_run.scores
-    assert scores.shape == (2, 3) and np.all(np.isfinite(scores)) and np.all(scores < 0)
+    assert scores.shape == (2, 2) and np.all(np.isfinite(scores)) and np.all(scores < 0)
     loved, hated = scores
-    # "positive" gains against "negative" on the loved review relative to the hated one.
+    # "positive" gains against "very negative" on the loved review relative to the hated one.
     assert loved[0] - loved[1] > hated[0] - hated[1]
-    assert hated[2] > loved[2]
+    assert hated[1] > loved[1]
     usage = llama_run.usage_scoring
-    assert usage.calls == 6 and usage.completion_tokens == 6 and usage.prompt_tokens >= 6 * 8
+    assert usage.calls == 4 and usage.completion_tokens == 4 and usage.prompt_tokens >= 4 * 8
 
 
 @pytest.mark.slow
@@ -532,7 +561,8 @@ def test_llama_scores_match_in_process_llama_cpp(llama_run):
     """Every score, multi-token choices included, equals log p computed directly with llama_cpp."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(gemma_gguf_path()), n_ctx=512, logits_all=True, verbose=False, n_threads=2)
+    # A small context: with logits_all, llama_cpp keeps n_ctx x 262,144 floats of scores.
+    llm = Llama(model_path=str(gemma_gguf_path()), n_ctx=64, logits_all=True, verbose=False, n_threads=1)
     try:
         for i, suffix in enumerate(LLAMA_SUFFIXES):
             context = LLAMA_PREFIX + suffix
@@ -544,7 +574,9 @@ def test_llama_scores_match_in_process_llama_cpp(llama_run):
                 logits = np.asarray(llm.scores[: len(ids)], dtype=np.float64)
                 logprobs = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
                 direct = sum(logprobs[t - 1, ids[t]] for t in range(n_context, len(ids)))
-                assert llama_run.scores[i, j] == pytest.approx(direct, abs=0.05), (i, j)
+                # llama.cpp's floats depend on how the server splits a prompt against its
+                # prefix cache (up to ~0.2 nats seen); a wrong token span is off by nats.
+                assert llama_run.scores[i, j] == pytest.approx(direct, abs=0.5), (i, j)
     finally:
         llm.close()
 
@@ -552,20 +584,23 @@ def test_llama_scores_match_in_process_llama_cpp(llama_run):
 @pytest.mark.slow
 def test_llama_multi_token_choice_is_the_sum_of_its_token_logprobs(llama_run):
     tokens = llama_run.choice_tokens
-    assert "".join(tokens.tokens) == LLAMA_CHOICES[2] and len(tokens.tokens) >= 2
-    assert tokens.logprobs.sum() == pytest.approx(llama_run.scores[1, 2])
+    assert "".join(tokens.tokens) == LLAMA_CHOICES[1] and len(tokens.tokens) >= 2
+    assert tokens.logprobs.sum() == pytest.approx(llama_run.scores[1, 1])
     assert llama_run.usage_cached.calls == llama_run.usage_scoring.calls  # a cache hit
     assert llama_run.engine.cache_hits >= 1
 
 
 @pytest.mark.slow
 def test_llama_token_logprobs(llama_run):
-    result = llama_run.paris
-    assert "".join(result.tokens) == " Paris"
+    result = llama_run.review_tokens
+    assert "".join(result.tokens) == LLAMA_SUFFIXES[0] + LLAMA_CHOICES[0]
+    assert result.logprobs[-1] == pytest.approx(llama_run.scores[0, 0])
     assert np.all(np.isfinite(result.logprobs)) and np.all(result.logprobs <= 0)
     assert len(result.top_alternatives) == len(result.tokens)
-    # llama.cpp lists the actual token among its alternatives.
-    assert (result.tokens[0], pytest.approx(result.logprobs[0])) in result.top_alternatives[0]
+    for logprob, alternatives in zip(result.logprobs, result.top_alternatives):
+        values = [value for _, value in alternatives]
+        assert 1 <= len(values) <= 5 and values == sorted(values, reverse=True)
+        assert values[0] >= logprob - 1e-6
     assert result.vocab_mean is None and result.vocab_std is None
 
 

@@ -77,6 +77,17 @@ def make_model(tokenizer, family: str = "gemma3"):
 
 
 @pytest.fixture(scope="module", autouse=True)
+def offline():
+    """Offline even if another test module imported huggingface_hub before the
+    environment variable above was set (it reads the variable once, at import)."""
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """A tiny model gains nothing from threads, and on a busy 2-core machine torch's
     thread pool waits on the other processes (10x slower)."""
@@ -198,6 +209,22 @@ def test_loads_a_local_directory_offline(tmp_path, gemma, tokenizer):
     )
 
 
+def test_a_hub_name_is_not_fetched_while_offline():
+    with pytest.raises(OSError):
+        TransformersEngine("dp-textgrad-tests/no-such-model", device="cpu")
+
+
+def test_convert_gguf_reuses_an_existing_directory(tmp_path):
+    from dp_textgrad.engines.transformers_engine import convert_gguf
+
+    with pytest.raises(FileNotFoundError, match="gguf_path"):
+        convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"not a gguf")  # never parsed: the converted directory exists
+    (tmp_path / "out").mkdir()
+    assert convert_gguf(fake, tmp_path / "out") == tmp_path / "out"
+
+
 # -- generation ------------------------------------------------------------------------
 def test_greedy_generation_matches_uncached_reference(model, tokenizer):
     engine = engine_for(model, tokenizer, system_prompt="system")
@@ -243,7 +270,7 @@ def test_seeded_sampling_is_reproducible_and_varies_with_the_seed(gemma, tokeniz
 
 
 def test_chat_template_renders_the_prompt(gemma):
-    tokenizer = copy.deepcopy(make_tokenizer())
+    tokenizer = make_tokenizer()
     tokenizer.chat_template = (
         "[BOS]{% for m in messages %} {{ m['role'] }} {{ m['content'] }}{% endfor %}"
         "{% if add_generation_prompt %} model{% endif %}"
@@ -467,7 +494,9 @@ def gemma_270m():
 @pytest.mark.slow
 def test_gemma_270m_from_gguf_scores_and_generates(gemma_270m):
     _, engine = gemma_270m
-    assert "Paris" in engine.generate("The capital of France is", max_tokens=6)
+    calls = engine.usage.calls
+    assert engine.generate("Once upon a time", max_tokens=4).strip()
+    assert engine.usage.calls == calls + 1 and engine.usage.completion_tokens >= 4
     prefix = "Decide whether each movie review is positive or negative.\n"
     suffixes = [
         "Review: I loved this film, the acting was wonderful.\nSentiment:",
@@ -501,4 +530,5 @@ def test_gemma_270m_conversion_agrees_with_llama_cpp(gemma_270m):
     ours = engine.token_logprobs(GEMMA_SENTENCE.strip())  # after BOS, as llama.cpp saw it
     assert len(ours.logprobs) == len(theirs)
     assert np.mean(np.abs(ours.logprobs - theirs)) < 0.25
-    assert np.corrcoef(ours.logprobs, theirs)[0, 1] > 0.95
+    assert np.corrcoef(ours.logprobs, theirs)[0, 1] > 0.99
+    llm.close()

@@ -250,6 +250,8 @@ def _check_positive_int(name: str, value: object) -> int:
 
 
 def _stream(seed: int, tag: int) -> np.random.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
     return np.random.default_rng([int(seed), tag])
 
 

@@ -980,6 +980,18 @@ class PrivacyLedger:
         self._unsafe_reasons: list[str] = []
         self._cache_key: tuple | None = None
         self._cache_value: dict[str, float] | None = None
+        # Where the ledger persists itself after every charge (None: in memory only).
+        self.persist_path: str | None = None
+
+    def persist_to(self, path: str | os.PathLike[str] | None) -> None:
+        """Write the ledger to ``path`` now and again after every charge, before data is read.
+
+        A crash or kill in the middle of a mechanism then never loses its charge, so a
+        resumed run cannot spend the same budget twice.
+        """
+        self.persist_path = None if path is None else os.fspath(path)
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
 
     # -- read-only views
     @property
@@ -1075,6 +1087,8 @@ class PrivacyLedger:
             differentially_private=not self.unsafe,
         )
         self._entries.append(entry)
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
         return entry
 
     def mark_unsafe(self, reason: str) -> None:
@@ -1087,6 +1101,8 @@ class PrivacyLedger:
         if not isinstance(reason, str) or not reason:
             raise ValueError("reason: must be a non-empty string saying why the run is unsafe")
         self._unsafe_reasons.append(reason)
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
 
     # -- persistence
     def _header(self) -> dict[str, Any]:
@@ -1181,6 +1197,10 @@ class _SmallestBoundPrivacyAccountant(dp_accounting.PrivacyAccountant):
         return smallest_bound(self._events, target_delta, self._accountants)
 
 
+# Integer orders only: fractional-order series of subsampled Gaussians are slow to evaluate.
+_SEARCH_RDP_ORDERS = tuple(float(a) for a in range(2, 65)) + (80.0, 96.0, 128.0, 256.0, 512.0)
+
+
 def _resolve_accountants(accountant: Accountant | Sequence[Accountant] | None) -> list[Accountant]:
     if accountant is None:
         return default_accountants()
@@ -1212,6 +1232,14 @@ def _calibrate(
     if not (isinstance(tol, numbers.Real) and tol > 0):
         raise ValueError(f"tol: must be > 0, got {tol!r}")
     accountants = _resolve_accountants(accountant)
+    # The search evaluates the plan dozens of times. With the defaults it uses RDP and a
+    # coarser PLD grid: both are valid (pessimistic) bounds, so a value found with them also
+    # fits under the full set, which the final check below confirms at full precision.
+    search = (
+        [RdpAccountant(orders=_SEARCH_RDP_ORDERS), PldAccountant(value_discretization_interval=1e-3)]
+        if accountant is None
+        else accountants
+    )
     probe = plan(1.0)
     if not any(all(a.supports(atom) for atom, _ in _group_events([probe])) for a in accountants):
         raise UnsupportedEventError(
@@ -1219,14 +1247,21 @@ def _calibrate(
         )
 
     def spent(x: float) -> float:
-        return smallest_bound([plan(x)], delta, accountants)
+        return smallest_bound([plan(x)], delta, search)
 
     def fits(x: float) -> bool:
         return spent(x) <= epsilon
 
+    def fits_exactly(x: float) -> bool:
+        return smallest_bound([plan(x)], delta, accountants) <= epsilon
+
     # An explicit bracket with finite values at both ends (brentq cannot use inf).
     if increasing:
-        good, bad = 0.0, 1.0
+        # A positive lower end: mechanisms reject epsilon0 = 0 (it would select uniformly).
+        good, bad = 1e-9, 1.0
+        if not fits(good):
+            raise ValueError(f"epsilon: even a negligible per-step epsilon exceeds epsilon={epsilon:g}; "
+                             "does the plan contain a fixed cost (e.g. final_epsilon) above the budget?")
         while fits(bad):
             good, bad = bad, bad * 2.0
             if bad > 2.0**40:
@@ -1257,7 +1292,7 @@ def _calibrate(
     bracket = dp_accounting.ExplicitBracketInterval(min(good, bad), max(good, bad))
     value = float(
         dp_accounting.calibrate_dp_mechanism(
-            lambda: _SmallestBoundPrivacyAccountant(accountants),
+            lambda: _SmallestBoundPrivacyAccountant(search),
             plan,
             epsilon,
             delta,
@@ -1267,13 +1302,51 @@ def _calibrate(
     )
     # Never return a value whose plan exceeds the target: verify and nudge toward `good`.
     step = tol
-    while not fits(value):
+    while not (fits(value) and fits_exactly(value)):
         value = value + step if not increasing else value - step
         step *= 2.0
         if (not increasing and value >= good) or (increasing and value <= good):
             value = good
             break
+    if search is not accountants:
+        value = _refine(value, plan, epsilon, delta, accountants, increasing=increasing, tol=tol)
     return value
+
+
+def _refine(value: float, plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
+            accountants: Sequence[Accountant], *, increasing: bool, tol: float) -> float:
+    """Tighten a value found with the fast search bounds, using the full set.
+
+    ``value`` fits under the full set. The search bounds can be a few percent looser for
+    tiny per-step losses (PLD grid rounding), so look a little further with the full set;
+    a few evaluations suffice because the optimum is close.
+    """
+
+    def gap(x: float) -> float:
+        return smallest_bound([plan(x)], delta, accountants) - epsilon
+
+    direction = 1.0 if increasing else -1.0
+    far = value * (1.0 + direction * 0.05)
+    for _ in range(6):  # find a point past the optimum
+        if far > 0 and gap(far) > 0:
+            break
+        value = far if far > 0 else value
+        far = value * (1.0 + direction * 0.05)
+    else:
+        return value
+    lo, hi = sorted((value, far))
+    try:
+        from scipy.optimize import brentq
+
+        root = float(brentq(gap, lo, hi, xtol=max(tol, 1e-5 * value), maxiter=30))
+    except ValueError:
+        return value
+    # brentq lands within xtol on either side: step back to the safe side until it fits.
+    step = max(tol, 1e-5 * value)
+    while gap(root) > 0:
+        root -= direction * step
+        step *= 2.0
+    return root if (root > value) == increasing or root == value else value
 
 
 def calibrate_noise_multiplier(

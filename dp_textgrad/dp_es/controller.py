@@ -11,6 +11,7 @@ Everything else here sees only public text and DP-released values.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -142,6 +143,10 @@ class EvolutionController(Optimizer):
         self.generation = 0
         self.history: list[GenerationReport] = []
         self.stopped_because: str | None = None
+        self._refused_epsilon = math.inf
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            ledger.persist_to(self.checkpoint_dir / LEDGER_NAME)
         self._started = time.perf_counter()
 
         # Two generators, never mixed: reproducible public choices vs DP randomness.
@@ -228,6 +233,7 @@ class EvolutionController(Optimizer):
             else:
                 parents = self._exponential_generation(t, candidates)
         except BudgetExceeded as exc:
+            self._refused_epsilon = exc.epsilon
             self.stopped_because = f"budget exhausted: {exc}"
             self._save_checkpoint()
             return None
@@ -333,7 +339,8 @@ class EvolutionController(Optimizer):
     def finalise(self) -> RunResult:
         """Release the final prompt (free, or a charged exponential mechanism)."""
         if not self.history:
-            raise BudgetExceeded("no generation could run within the budget; raise epsilon or lower the schedule")
+            # Nothing DP was released, so there is no prompt to release either.
+            raise BudgetExceeded("generation 0", self._refused_epsilon, self.ledger.epsilon_budget, self.ledger.delta)
         best = self.population.best(1)[0] if self.config.selection == "gaussian" else self._last_exponential_best()
         if self.config.final_selection == "exponential":
             best = self._final_exponential(best)
@@ -443,6 +450,7 @@ class DPEvolutionStrategy(EvolutionController):
         callbacks: Sequence[StopCallback] = (),
         mutation_engine: Any | None = None,
         critique: Any | None = None,
+        ledger: PrivacyLedger | None = None,
         **settings: Any,
     ) -> None:
         try:
@@ -455,7 +463,10 @@ class DPEvolutionStrategy(EvolutionController):
             raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
         resolved = base.resolved(len(task.private_train))
         plan = RunPlan.from_config(resolved)
-        ledger = PrivacyLedger(resolved.epsilon, resolved.delta)
+        if ledger is None:
+            ledger = PrivacyLedger(resolved.epsilon, resolved.delta)
+        elif (ledger.epsilon_budget, ledger.delta) != (resolved.epsilon, resolved.delta):
+            raise ConfigError("ledger: its budget differs from the configuration's epsilon/delta")
         super().__init__(
             parameters,
             task=task,
@@ -493,10 +504,11 @@ class DPEvolutionStrategy(EvolutionController):
             raise ConfigError(f"resume: no {CHECKPOINT_NAME} in {directory}; is this a run directory?")
         state = json.loads(state_path.read_text(encoding="utf-8"))
         config = DPESConfig(**state["config"])
+        # The ledger on disk is the truth about what was spent (it is written after every
+        # charge, so it can be ahead of the checkpoint): load it before anything else.
+        ledger = PrivacyLedger.from_jsonl(directory / LEDGER_NAME)
         opt = cls(parameters, task=task, engine=engine, config=config, checkpoint_dir=directory,
-                  callbacks=callbacks, **kwargs)
-        opt.ledger = PrivacyLedger.from_jsonl(directory / LEDGER_NAME)
-        opt.scorer.ledger = opt.ledger
+                  callbacks=callbacks, ledger=ledger, **kwargs)
         opt.noise_multiplier = state["noise_multiplier"]
         opt.selection_epsilon = state["selection_epsilon"]
         opt._restore(state)
@@ -539,7 +551,15 @@ class RunPlan:
 
     @classmethod
     def from_config(cls, config: DPESConfig) -> "RunPlan":
-        """Calibrate the free parameter so the whole run fits (epsilon, delta)."""
+        """Calibrate the free parameter so the whole run fits (epsilon, delta).
+
+        Calibration takes seconds (many PLD evaluations); the result depends only on the
+        schedule, so it is memoised per schedule within the process.
+        """
+        return _calibrated_plan(cls, _schedule_key(config))
+
+    @classmethod
+    def _calibrate(cls, config: DPESConfig) -> "RunPlan":
         try:
             if config.selection == "gaussian":
                 z = calibrate_noise_multiplier(
@@ -557,3 +577,16 @@ class RunPlan:
                 f"epsilon: cannot fit the planned schedule into epsilon={config.epsilon}, delta={config.delta} "
                 f"({exc}); raise epsilon or lower generations/final_epsilon"
             ) from None
+
+
+_SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", "sampling_rate", "selection",
+                    "final_selection", "final_epsilon", "feedback", "feedback_noise_ratio")
+
+
+def _schedule_key(config: DPESConfig) -> tuple:
+    return tuple((name, getattr(config, name)) for name in _SCHEDULE_FIELDS)
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrated_plan(cls: type[RunPlan], key: tuple) -> RunPlan:
+    return cls._calibrate(DPESConfig(**dict(key)))

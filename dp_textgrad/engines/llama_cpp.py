@@ -15,8 +15,10 @@ record's own tokens:
    positions, and add the log-probs of the remaining tokens.
 
 A prefix is always decoded from position 0 in the same chunks and a suffix always in
-one decode after it, so results do not depend on earlier calls (llama.cpp's float
-results vary slightly, ~0.01-0.05 nats, with how tokens are split into batches).
+one decode after it, so results do not depend on earlier calls: llama.cpp's float
+results depend on how tokens are split into decodes (up to ~0.2 nats on a label
+log-prob for Gemma 3 270M Q4_K_M, against one decode of the whole text), while the
+reused, truncated cache gives the same numbers as a fresh cache with the same split.
 
 Tokenization at the boundaries (documented choice): the prefix is tokenized with
 BOS, each suffix and each choice without BOS, separately. Segment boundaries are
@@ -62,6 +64,26 @@ def available_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """Half the available CPUs (about the physical cores), at least one.
+
+    llama.cpp's OpenMP threads spin while they wait: with as many threads as logical
+    CPUs, any other load on the machine (even the Python side of this library) made
+    decoding many times slower on a 2-CPU machine (measured: 340 vs 14 tokens/s with
+    one CPU busy elsewhere). ``DP_TEXTGRAD_THREADS`` overrides the default.
+    """
+    configured = os.environ.get("DP_TEXTGRAD_THREADS")
+    if configured:
+        try:
+            value = int(configured)
+        except ValueError:
+            raise ValueError(f"DP_TEXTGRAD_THREADS: must be a positive integer, got {configured!r}") from None
+        if value < 1:
+            raise ValueError(f"DP_TEXTGRAD_THREADS: must be a positive integer, got {configured!r}")
+        return value
+    return max(1, available_cpus() // 2)
 
 
 class GenerationCache:
@@ -133,9 +155,9 @@ class LlamaCppEngine(Engine):
     """llama.cpp engine (CPU). The default model is Gemma 3 270M Q4_K_M from PyPI.
 
     ``model_path``: a GGUF file; ``None`` assembles the default model into the user
-    cache (see ``dp_textgrad.engines.model_files``). ``n_threads``: defaults to the
-    CPUs available to the process (use fewer on a shared machine: llama.cpp's threads
-    spin). ``seed``: seeds sampling (temperature > 0) when a call gives no seed.
+    cache (see ``dp_textgrad.engines.model_files``). ``n_threads``: defaults to half
+    the available CPUs (see :func:`default_threads`; llama.cpp's threads spin, so more
+    threads than free cores is much slower). ``seed``: seeds sampling (temperature > 0) when a call gives no seed.
     ``cache``: ``None`` (default, nothing cached), ``"memory"``, a directory, or a
     ``GenerationCache``; sampling calls without a seed are never served from it.
 
@@ -160,7 +182,7 @@ class LlamaCppEngine(Engine):
         if n_ctx < 16:
             raise ValueError(f"n_ctx: must be >= 16 tokens, got {n_ctx}")
         if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads: must be >= 1 or None (all available CPUs), got {n_threads}")
+            raise ValueError(f"n_threads: must be >= 1 or None (half the available CPUs), got {n_threads}")
         if n_batch < 1:
             raise ValueError(f"n_batch: must be >= 1, got {n_batch}")
         self._lib = import_local_module("llama_cpp", "llama-cpp-python")
@@ -169,14 +191,14 @@ class LlamaCppEngine(Engine):
             raise FileNotFoundError(f"model_path: no GGUF file at {path}")
         self.model_path = path
         self.model_string = f"llama.cpp/{path.name}"
-        self.n_threads = n_threads or available_cpus()
+        self.n_threads = n_threads or default_threads()
         self.seed = seed
         self.cache = _as_cache(cache)
         self.kv_stats = KvStats()
         # One lock per model: the context, its KV cache and the batch are shared state.
         self._lock = threading.RLock()
         self._closed = False
-        with self._timed() as timer, _quiet_native_output(self._lib):
+        with self._timed() as timer, quiet_native_output(self._lib):
             try:
                 self._llm = self._lib.Llama(
                     model_path=str(path),
@@ -482,7 +504,7 @@ def _pick_logprobs(row: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
     return row[token_ids].astype(np.float64) - _logsumexp(row)
 
 
-def _quiet_native_output(lib: object):
+def quiet_native_output(lib: object):
     """Silence llama.cpp's native log lines during model load (as verbose=False intends)."""
     utils = getattr(lib, "_utils", None)
     quiet = getattr(utils, "suppress_stdout_stderr", None)

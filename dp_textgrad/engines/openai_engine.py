@@ -163,7 +163,13 @@ class _MalformedResponse(Exception):
 
 
 class _EchoUnavailable(Exception):
-    """The server answered but gave no log-probs for the prompt tokens."""
+    """The server gave no log-probs for the prompt tokens, or refused the echo request
+    (``rejection``: its 400/422 error, which may also be about the prompt itself)."""
+
+    def __init__(self, prompt: str = "", rejection: OpenAIEngineError | None = None) -> None:
+        super().__init__("no prompt log-probs")
+        self.prompt = prompt
+        self.rejection = rejection
 
 
 class _ResponseCache:
@@ -415,20 +421,22 @@ class OpenAIEngine(Engine):
             try:
                 values = self._map(lambda ij: self._choice_logprob_echo(contexts[ij[0]], choices[ij[1]]), pairs)
                 return np.array(values, dtype=float).reshape(len(contexts), len(choices))
-            except _EchoUnavailable:
-                self._mark_echo_unavailable("score_choices_batch")
+            except _EchoUnavailable as why:
+                self._echo_is_unavailable(why, "score_choices_batch")
         rows = self._map(lambda c: self._choice_logprobs_first_token(c, choices), contexts)
         return np.array(rows, dtype=float).reshape(len(contexts), len(choices))
 
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
-        if not isinstance(text, str) or not text:
-            raise ValueError("text: must be a non-empty string")
+        if not isinstance(text, str) or not isinstance(context, str):
+            raise TypeError("text and context: must be strings")
+        if not text:
+            return TokenLogprobs(tokens=[], logprobs=np.zeros(0), top_alternatives=[])
         if not self._use_echo("token_logprobs", approximable=False):
             raise self._no_echo_error("token_logprobs")
         try:
             echoed = self._echo(context + text)
-        except _EchoUnavailable:
-            self._mark_echo_unavailable("token_logprobs")
+        except _EchoUnavailable as why:
+            self._echo_is_unavailable(why, "token_logprobs")
             raise self._no_echo_error("token_logprobs") from None
         span = _tokens_overlapping(echoed, len(context), len(context) + len(text))
         return TokenLogprobs(
@@ -462,6 +470,15 @@ class OpenAIEngine(Engine):
             + ("" if what == "token_logprobs" else ", or scoring='auto'/'first_token' for the "
                "first-token approximation")
         )
+
+    def _echo_is_unavailable(self, why: _EchoUnavailable, what: str) -> None:
+        """Record that this server gives no prompt log-probs, after making sure a refusal
+        (400/422) was about echo and not about the prompt (too long, say): the same
+        prompt without echo decides, and if it fails too, its error is raised."""
+        if why.rejection is not None:
+            self._request("completions", {"prompt": why.prompt, "max_tokens": 1, "temperature": 0.0},
+                          "a request without echo")
+        self._mark_echo_unavailable(what)
 
     def _mark_echo_unavailable(self, what: str) -> None:
         with self._state_lock:
@@ -499,10 +516,10 @@ class OpenAIEngine(Engine):
         except OpenAIEngineError as error:
             # Some APIs reject echo together with logprobs outright (400/422).
             if self.scoring == "auto" and error.status_code in (400, 422):
-                raise _EchoUnavailable from None
+                raise _EchoUnavailable(prompt, rejection=error) from None
             raise
         choice = _validate(_CompletionResponse, data, self, "echo scoring").choices[0]
-        tokens = _echoed_prompt_tokens(prompt, choice.logprobs)
+        tokens = _echoed_prompt_tokens(prompt, choice.text, choice.logprobs, self.top_logprobs)
         self._cache_put(key, True, tokens)
         return tokens
 
@@ -534,7 +551,8 @@ class OpenAIEngine(Engine):
             return value
         if self.mode == "chat":
             body = {"messages": [{"role": "user", "content": context}], "max_tokens": 1,
-                    "temperature": 0.0, "logprobs": True, "top_logprobs": max(self.top_logprobs, 20)}
+                    "temperature": 0.0, "logprobs": True,
+                    "top_logprobs": 20}  # OpenAI's maximum: the more candidates, the fewer floors
             data = self._request("chat", body, "first-token scoring")
             logprobs = _validate(_ChatResponse, data, self, "first-token scoring").choices[0].logprobs
             content = logprobs.content if logprobs else None
@@ -738,9 +756,17 @@ def _usage_tokens(data: dict) -> tuple[int, int]:
     return max(usage.prompt_tokens or 0, 0), max(usage.completion_tokens or 0, 0)
 
 
-def _echoed_prompt_tokens(prompt: str, logprobs: _CompletionLogprobs | None) -> list[_EchoToken]:
-    """The tokens of ``prompt`` (not the generated one) with character spans and log-probs."""
+def _echoed_prompt_tokens(
+    prompt: str, text: str, logprobs: _CompletionLogprobs | None, top_k: int
+) -> list[_EchoToken]:
+    """The tokens of ``prompt`` (not the generated one) with character spans and log-probs.
+
+    Raises ``_EchoUnavailable`` when the server did not echo: no log-probs, or a text that
+    neither starts with the prompt nor is spelled out by the returned tokens.
+    """
     if logprobs is None or not logprobs.tokens:
+        raise _EchoUnavailable
+    if not text.startswith(prompt) and not "".join(logprobs.tokens).startswith(prompt):
         raise _EchoUnavailable
     tokens = logprobs.tokens
     n = len(tokens)
@@ -761,10 +787,12 @@ def _echoed_prompt_tokens(prompt: str, logprobs: _CompletionLogprobs | None) -> 
         end = min(max(end, start + len(token)), len(prompt))
         if not token:
             continue  # zero-width tokens (BOS) carry no prompt text
-        top = tuple(sorted(((str(k), float(v)) for k, v in (tops[i] or {}).items()), key=lambda kv: -kv[1]))
+        # Best first, at most top_k (llama.cpp adds the actual token beyond its top k).
+        top = tuple(sorted(((str(k), float(v)) for k, v in (tops[i] or {}).items()),
+                           key=lambda kv: -kv[1])[:top_k])
         result.append(_EchoToken(start, end, token, logprobs.token_logprobs[i], top))
     # Without echo a server returns only generated tokens (offsets at or past the prompt's end).
-    if not result or (len(prompt) > 0 and all(t.logprob is None for t in result) and len(result) > 1):
+    if not result or (len(result) > 1 and all(t.logprob is None for t in result)):
         raise _EchoUnavailable
     return result
 

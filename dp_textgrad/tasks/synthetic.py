@@ -61,7 +61,7 @@ DEFAULT_HARD_FRACTION = 0.45
 FIRST_NAMES = (
     "Amara", "Bogdan", "Chiara", "Dmitri", "Elif", "Farouk", "Gunnar", "Hana", "Ishaan", "Jolene",
     "Kwame", "Lucia", "Mateo", "Nadia", "Oskar", "Priya", "Quentin", "Rosalind", "Sven", "Tomasz",
-    "Ursula", "Vikram", "Wen", "Ximena", "Yusuf", "Zofia", "Aiden", "Beatriz", "Connor", "Delphine",
+    "Ursula", "Vikram", "Weronika", "Ximena", "Yusuf", "Zofia", "Aiden", "Beatriz", "Connor", "Delphine",
     "Emeka", "Freya", "Gideon", "Hiroshi", "Ingrid", "Jasper", "Keiko", "Leandro", "Maeve", "Nikhil",
 )
 LAST_NAMES = (
@@ -375,6 +375,7 @@ class _Style:
     hard_fraction: float
     typo_rate: float
     lowercase_rate: float
+    framing_rate: float  # scales the chance of greetings, introductions, closings and sign-offs
 
 
 def _typo(word: str, rng: random.Random) -> str:
@@ -427,17 +428,18 @@ def _compose(label: str, rng: random.Random, style: _Style) -> str:
         before.append(rng.choice(_BACKGROUND[_other(label, rng)]))
 
     parts: list[str] = []
-    if rng.random() < 0.55:
+    framing = style.framing_rate
+    if rng.random() < 0.55 * framing:
         parts.append(rng.choice(_GREETINGS))
-    if rng.random() < 0.4:
+    if rng.random() < 0.4 * framing:
         parts.append(rng.choice(_INTROS))
     parts += before + [request] + after
-    if rng.random() < 0.5:
+    if rng.random() < 0.5 * framing:
         parts.append(rng.choice(_CLOSINGS))
-    if rng.random() < 0.35:
+    if rng.random() < 0.35 * framing:
         parts.append(rng.choice(_SIGNOFFS))
     text = _join(parts).format_map(filler)
-    if not filler.used_pii:  # every private message identifies its sender somehow
+    if style.with_pii and not filler.used_pii:  # every private message identifies its sender somehow
         text += " " + rng.choice(_IDENTITY).format_map(filler)
     if rng.random() < style.lowercase_rate:
         text = text.lower()
@@ -481,12 +483,15 @@ def generate_support_examples(n: int, seed: int, *, public: bool = False,
 
 
 def _private_style(hard_fraction: float) -> _Style:
-    return _Style(with_pii=True, hard_fraction=hard_fraction, typo_rate=0.25, lowercase_rate=0.12)
+    return _Style(with_pii=True, hard_fraction=hard_fraction, typo_rate=0.25, lowercase_rate=0.12,
+                  framing_rate=1.0)
 
 
 def _public_style(hard_fraction: float) -> _Style:
-    # Public records are cleaner: written out by whoever publishes them, with placeholders.
-    return _Style(with_pii=False, hard_fraction=hard_fraction, typo_rate=0.05, lowercase_rate=0.0)
+    # Public records are curated: placeholders instead of personal data, rare typos, and
+    # mostly just the request (short demonstrations suit a small model's context).
+    return _Style(with_pii=False, hard_fraction=hard_fraction, typo_rate=0.05, lowercase_rate=0.0,
+                  framing_rate=0.2)
 
 
 def _check_count(name: str, value: int, minimum: int) -> None:

@@ -1,0 +1,248 @@
+"""The DP-ES controller end to end with the tests-only ScriptedEngine."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import dp_accounting
+import pytest
+
+from dp_textgrad import BudgetExceeded, ConfigError, DPEvolutionStrategy
+from dp_textgrad._textgrad import import_textgrad
+from dp_textgrad.dp_es.accountant import default_accountants
+from dp_textgrad.dp_es.config import DPESConfig
+from dp_textgrad.dp_es.controller import RunPlan
+from dp_textgrad.dp_es.events import GumbelTopKDpEvent
+from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.engines.scripted import ScriptedEngine
+from dp_textgrad.tasks.base import ClassificationTask, Example
+from dp_textgrad.tasks.synthetic import make_support_task
+
+tg = import_textgrad()
+
+CUES = {
+    " billing": ("charge", "bill", "refund", "fee"),
+    " technical": ("not working", "slow", "app", "error"),
+    " cancellation": ("cancel", "end my", "close my"),
+    " fraud": ("unauthori", "scam", "stolen", "permission"),
+    " account": ("address", "e-mail", "update", "details"),
+}
+
+
+def cue_rule(context: str, choices: Sequence[str]) -> list[float]:
+    prompt, _, record = context.rpartition("Message:")
+    bias = 0.0 if "one of" in prompt.lower() else 1.5
+    return [sum(record.lower().count(c) for c in CUES.get(ch, ())) + (bias if ch == " billing" else 0.0)
+            for ch in choices]
+
+
+@pytest.fixture(scope="module")
+def task() -> ClassificationTask:
+    return make_support_task(seed=3, n_private=300, n_test=60)
+
+
+def make_engine() -> ScriptedEngine:
+    return ScriptedEngine(
+        responses=["Label the message with one of: billing, technical, cancellation, fraud, account.</PROMPT>",
+                   "Read the customer message carefully and name its main request.</PROMPT>"],
+        choice_rule=cue_rule,
+    )
+
+
+def make_opt(task, tmp_path=None, **settings) -> tuple[DPEvolutionStrategy, object]:
+    prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
+    defaults = dict(epsilon=3.0, generations=3, population=4, parents=2, sampling_rate=0.3,
+                    insecure_noise_seed=7, seed=1)
+    defaults.update(settings)
+    opt = DPEvolutionStrategy([prompt], task=task, engine=make_engine(), checkpoint_dir=tmp_path, **defaults)
+    return opt, prompt
+
+
+def test_full_run_stays_within_budget_and_updates_variable(task) -> None:
+    opt, prompt = make_opt(task)
+    reports = [opt.step() for _ in range(opt.generations)]
+    assert all(r is not None for r in reports)
+    assert opt.step() is None and opt.stopped_because == "all generations done"
+    assert len(opt.ledger.entries) == 3
+    spent = opt.privacy_spent()
+    assert spent["epsilon"] <= 3.0 + 1e-9
+    assert spent["epsilon"] > 2.5  # the calibration uses the budget, it does not waste it
+    assert set(spent["by_accountant"]) == {"rdp", "pld", "drv", "kov", "basic"}
+    assert spent["epsilon"] == min(spent["by_accountant"].values())
+    assert prompt.value == opt.population.best(1)[0].text
+    result = opt.finalise()
+    assert result.prompt == prompt.value
+    assert not result.unsafe and result.lineage
+
+
+def test_ledger_equals_the_planned_event(task) -> None:
+    opt, _ = make_opt(task)
+    opt.run()
+    planned = opt.plan.event
+    delta = opt.config.delta
+    for accountant in default_accountants():
+        assert accountant.epsilon(opt.ledger.events, delta) == pytest.approx(
+            accountant.epsilon([planned], delta), rel=1e-6, abs=1e-6)
+
+
+def test_calibration_fits_budget_for_both_selections(task) -> None:
+    for selection, feedback in (("gaussian", "dp_confusion"), ("gaussian", "none"), ("exponential", "none")):
+        config = DPESConfig(epsilon=2.0, delta=1e-5, generations=4, population=5, parents=2,
+                            sampling_rate=0.2, selection=selection, feedback=feedback)
+        plan = RunPlan.from_config(config)
+        spent = min(a.epsilon([plan.event], 1e-5) for a in default_accountants())
+        assert spent <= 2.0 + 1e-9
+        assert spent > 1.9
+
+
+def test_exponential_selection_charges_gumbel_events(task) -> None:
+    opt, prompt = make_opt(task, selection="exponential", feedback="none")
+    result = opt.run()
+    assert result.generations_run == 3
+    inner = [e.event for e in opt.ledger.events]
+    assert all(isinstance(e, GumbelTopKDpEvent) and e.k == 2 for e in inner)
+    assert opt.ledger.epsilon() <= 3.0 + 1e-9
+    assert prompt.value == result.prompt
+
+
+def test_final_exponential_release_is_charged(task) -> None:
+    opt, _ = make_opt(task, final_selection="exponential", final_epsilon=0.3)
+    opt.run()
+    assert len(opt.ledger.entries) == 4
+    assert "final release" in opt.ledger.entries[-1].label
+    assert opt.ledger.epsilon() <= 3.0 + 1e-9
+
+
+def test_budget_refusal_reads_no_data(task) -> None:
+    opt, _ = make_opt(task)
+    # Someone else already spent most of this ledger: the next generation cannot fit.
+    opt.ledger.spend(dp_accounting.GaussianDpEvent(1.6), "earlier release")
+    calls_before = opt.engine.usage.calls
+    entries_before = len(opt.ledger.entries)
+    assert opt.step() is None
+    assert opt.stopped_because.startswith("budget exhausted")
+    assert len(opt.ledger.entries) == entries_before
+    # Only the initial population's mutation calls may have happened, no scoring call.
+    scoring_calls = [c for c in opt.engine.history if "Message:" in c.prompt]
+    assert not scoring_calls
+    assert opt.engine.usage.calls >= calls_before
+    with pytest.raises(BudgetExceeded):
+        opt.finalise()
+
+
+def test_checkpoint_and_resume_keep_the_ledger(task, tmp_path: Path) -> None:
+    opt, _ = make_opt(task, tmp_path, generations=4)
+    opt.step()
+    opt.step()
+    spent = opt.ledger.epsilon()
+    saved = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert saved["generation"] == 2
+    prompt = tg.Variable("anything", role_description="instruction", requires_grad=True)
+    resumed = DPEvolutionStrategy.resume(tmp_path, [prompt], task=task, engine=make_engine())
+    assert resumed.generation == 2
+    assert len(resumed.ledger.entries) == 2
+    assert resumed.ledger.epsilon() == pytest.approx(spent, rel=1e-9)
+    assert prompt.value == opt.variable.value
+    assert [c.id for c in resumed.population.candidates] == [c.id for c in opt.population.candidates]
+    result = resumed.run()
+    assert result.generations_run == 4
+    assert len(resumed.ledger.entries) == 4
+    assert resumed.ledger.epsilon() > spent
+    assert resumed.ledger.epsilon() <= 3.0 + 1e-9
+    lines = (tmp_path / "ledger.jsonl").read_text().strip().splitlines()
+    assert len(lines) >= 4
+
+
+def test_nothing_private_is_saved(task, tmp_path: Path) -> None:
+    opt, _ = make_opt(task, tmp_path)
+    opt.run()
+    saved = "\n".join(p.read_text() for p in tmp_path.iterdir() if p.is_file())
+    for record in task.private_train:
+        text = record.unwrap().text
+        assert text not in saved
+        # Personal data fragments (account numbers, e-mails) never appear either.
+        for token in text.split():
+            if sum(ch.isdigit() for ch in token) >= 6 or "@" in token:
+                assert token not in saved
+
+
+def test_unsafe_mode_is_marked(task) -> None:
+    opt, _ = make_opt(task, mode="unsafe")
+    result = opt.run()
+    assert result.unsafe
+    assert math.isinf(result.epsilon)
+    assert opt.ledger.unsafe
+    assert any("NOT differentially private" in json.dumps(e.to_dict()) for e in opt.ledger.entries)
+
+
+def test_callback_stops_the_run(task) -> None:
+    prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
+    opt = DPEvolutionStrategy([prompt], task=task, engine=make_engine(), epsilon=3.0, generations=4,
+                              population=4, parents=2, sampling_rate=0.3, callbacks=[lambda r: r.generation >= 1])
+    result = opt.run()
+    assert result.stopped_because == "stopped by callback"
+    assert result.generations_run == 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        (dict(epsilon=0.0), "epsilon"),
+        (dict(epsilon=-1.0), "epsilon"),
+        (dict(epsilon=float("nan")), "epsilon"),
+        (dict(epsilon=float("inf")), "epsilon"),
+        (dict(delta=0.0), "delta"),
+        (dict(delta=1.0), "delta"),
+        (dict(sampling_rate=0.0), "sampling_rate"),
+        (dict(sampling_rate=1.5), "sampling_rate"),
+        (dict(population=3, parents=4), "parents"),
+        (dict(generations=0), "generations"),
+        (dict(colour="blue"), "colour"),
+    ],
+)
+def test_bad_configuration_names_the_field(task, settings, field) -> None:
+    prompt = tg.Variable("x", role_description="instruction", requires_grad=True)
+    with pytest.raises(ConfigError) as info:
+        DPEvolutionStrategy([prompt], task=task, engine=make_engine(), **settings)
+    message = str(info.value)
+    assert field in message
+    assert "\n" not in message
+
+
+def test_large_delta_warns(task) -> None:
+    prompt = tg.Variable("x", role_description="instruction", requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DPEvolutionStrategy([prompt], task=task, engine=make_engine(), delta=0.01, generations=1,
+                            population=2, parents=1)
+    assert any("delta" in str(w.message) for w in caught)
+
+
+def test_empty_private_data_is_rejected() -> None:
+    with pytest.raises(ValueError, match="private"):
+        PrivateDataset([])
+
+
+def test_budget_too_small_for_final_release(task) -> None:
+    prompt = tg.Variable("x", role_description="instruction", requires_grad=True)
+    with pytest.raises(ConfigError, match="epsilon"):
+        DPEvolutionStrategy([prompt], task=task, engine=make_engine(), epsilon=0.05, final_selection="exponential",
+                            final_epsilon=3.0, sampling_rate=1.0)
+
+
+def test_works_as_textgrad_optimizer(task) -> None:
+    opt, prompt = make_opt(task)
+    assert isinstance(opt, tg.optimizer.Optimizer)
+    opt.zero_grad()
+    opt.step()
+    assert isinstance(prompt.value, str) and prompt.value
+
+
+def test_wrong_task_type(task) -> None:
+    prompt = tg.Variable("x", role_description="instruction", requires_grad=True)
+    with pytest.raises(ConfigError, match="task"):
+        DPEvolutionStrategy([prompt], task=[Example("a", "b")], engine=make_engine())
