@@ -38,6 +38,15 @@ CLI_SETTINGS_NAME = "cli_settings.json"
 _state: dict[str, bool] = {"debug": False}
 
 
+def _mount_audit() -> None:
+    from dp_textgrad.audit.cli import audit_app
+
+    app.add_typer(audit_app, name="audit")
+
+
+_mount_audit()
+
+
 @app.callback()
 def main(debug: bool = typer.Option(False, "--debug", help="show full tracebacks on errors")) -> None:
     _state["debug"] = debug

@@ -246,3 +246,23 @@ def test_wrong_task_type(task) -> None:
     prompt = tg.Variable("x", role_description="instruction", requires_grad=True)
     with pytest.raises(ConfigError, match="task"):
         DPEvolutionStrategy([prompt], task=[Example("a", "b")], engine=make_engine())
+
+
+def test_charge_is_on_disk_before_any_record_is_read(task, tmp_path: Path) -> None:
+    """A crash inside a mechanism never loses its charge (resume cannot double-spend)."""
+
+    def exploding_rule(context, choices):
+        raise RuntimeError("engine crashed while scoring")
+
+    prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
+    engine = ScriptedEngine(responses=["Label the message.</PROMPT>"], choice_rule=exploding_rule)
+    opt = DPEvolutionStrategy([prompt], task=task, engine=engine, checkpoint_dir=tmp_path, epsilon=3.0,
+                              generations=3, population=4, parents=2, sampling_rate=0.3, use_critiques=False)
+    with pytest.raises(RuntimeError, match="engine crashed"):
+        opt.step()
+    from dp_textgrad.dp_es.accountant import PrivacyLedger
+
+    on_disk = PrivacyLedger.from_jsonl(tmp_path / "ledger.jsonl")
+    assert len(on_disk.entries) == 1
+    assert on_disk.epsilon() == pytest.approx(opt.ledger.epsilon())
+    assert not (tmp_path / "checkpoint.json").exists()

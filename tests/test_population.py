@@ -249,3 +249,17 @@ def test_default_shrink_is_the_scorer_function():
     expected = scorer.shrink_estimates(means, np.full(4, 0.01))
     got = pm.shrunk_estimates()
     assert [got[i] for i in ids] == pytest.approx(list(expected))
+
+
+def test_full_shrinkage_keeps_the_noisy_ranking():
+    """When empirical Bayes pulls every estimate to the grand mean, the raw ranking decides."""
+
+    def collapse(means: np.ndarray, variances: np.ndarray) -> np.ndarray:
+        return np.full_like(means, float(np.mean(means)))
+
+    pm = PopulationManager(size=4, elites=1, rng=np.random.default_rng(0), shrink=collapse)
+    pm.initialise("seed prompt", [cand(f"variant {i}", generation=0) for i in range(3)])
+    ids = [c.id for c in pm.candidates]
+    estimates = np.array([0.40, 0.55, 0.45, 0.50])
+    pm.record(FakeNoisyScores(ids, estimates, 0.05), generation=0)
+    assert [c.id for c in pm.best(2)] == [ids[1], ids[3]]

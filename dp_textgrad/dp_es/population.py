@@ -293,15 +293,20 @@ class PopulationManager:
     def best(self, n: int = 1) -> list[Candidate]:
         """The ``n`` best candidates of the current population by shrunk estimate.
 
-        Unevaluated candidates come after evaluated ones; ties keep population order.
+        Unevaluated candidates come after evaluated ones. When the noise swamps the spread,
+        empirical Bayes shrinks every estimate to the same grand mean; the pooled noisy
+        means (equally DP) then break the tie instead of population order.
         """
         if n < 0:
             raise ValueError(f"n: must be >= 0, got {n}")
         shrunk = self.shrunk_estimates()
-        order = sorted(
-            range(len(self._population)),
-            key=lambda i: (self._population[i] not in shrunk, -shrunk.get(self._population[i], 0.0), i),
-        )
+
+        def key(i: int) -> tuple:
+            cid = self._population[i]
+            raw = self._archive[cid].mean_estimate
+            return (cid not in shrunk, -round(shrunk.get(cid, 0.0), 9), -(raw if raw is not None else 0.0), i)
+
+        order = sorted(range(len(self._population)), key=key)
         return [self._archive[self._population[i]] for i in order[:n]]
 
     def next_generation(self, children: Sequence[Candidate], parents: Sequence[Candidate] | None = None

@@ -1,0 +1,23 @@
+"""The example scripts run as users run them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quickstart_scripted_runs_and_prints_the_ledger(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart_scripted.py")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "released prompt:" in out
+    assert "ledger:" in out
+    ledger_lines = [line for line in out.splitlines() if line.strip().startswith("[") and "epsilon so far" in line]
+    assert len(ledger_lines) == 5  # one charge per generation
+    final = float(ledger_lines[-1].split("epsilon so far")[1].split()[0])
+    assert 0 < final <= 4.0 + 1e-6
+    assert not (tmp_path / "logs").exists()
