@@ -440,8 +440,12 @@ def test_server_without_echo_falls_back_once_with_a_warning():
     assert sum("no prompt log-probs" in m for m in messages) == 1
     np.testing.assert_allclose(scores, [np.logaddexp(-0.5, -3.0), -1.6])
     np.testing.assert_allclose(again, scores)
-    # After learning the server has no echo, no more echo requests are sent.
-    assert [bool(r.body.get("echo")) for r in posts(server)] == [True, True, False, False]
+    # After learning the server has no echo, no more echo requests are sent. The two
+    # choices are requested concurrently, so one or both may try echo before it learns.
+    echo = [bool(r.body.get("echo")) for r in posts(server)]
+    n_echo = sum(echo)
+    assert 1 <= n_echo <= 2 and echo[:n_echo] == [True] * n_echo
+    assert echo[n_echo:] == [False] * (len(echo) - n_echo) and len(echo) - n_echo >= 2
 
 
 def test_server_without_echo_and_strict_echo_scoring_raises():
