@@ -14,7 +14,7 @@ them alike. Data: ``sst2/dev.tsv`` under ``$DP_TEXTGRAD_DATA`` or ``../shared/da
 beside the repository (never copied into it); the benchmark skips when it is absent.
 
     python benchmarks/engine_throughput.py                # 200 records
-    python benchmarks/engine_throughput.py --records 5 --output /tmp/smoke.json
+    python benchmarks/engine_throughput.py --records 5 --output smoke.json
 """
 
 from __future__ import annotations

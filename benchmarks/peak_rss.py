@@ -8,7 +8,7 @@ run writes into a temporary directory that is deleted afterwards. Target: < 2 GB
 Writes benchmarks/results/peak_rss.json; exits 1 when the target is missed.
 
     python benchmarks/peak_rss.py [--generations 2] [--population 3] [--n-private 300] [--sampling-rate 0.2]
-    python benchmarks/peak_rss.py --smoke --output /tmp/peak_rss.json   # tiny run, for tests
+    python benchmarks/peak_rss.py --smoke --output peak_rss_smoke.json   # tiny run, for tests
 
 Needs the [local] extra (llama-cpp-python and the Gemma GGUF package). Linux/macOS only
 (``resource``); ru_maxrss is in KiB on Linux and in bytes on macOS.
