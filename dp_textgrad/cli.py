@@ -342,9 +342,12 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
         cfg = optimizer.config
         holder["generations"] = cfg.generations
         holder["epsilon"] = cfg.epsilon
-        mech = (f"Gaussian noisy scores, noise multiplier z = {optimizer.noise_multiplier:.3f}"
-                if cfg.selection == "gaussian" else
-                f"exponential top-{cfg.parents}, epsilon0 = {optimizer.selection_epsilon:.4f} per selection")
+        if cfg.privacy == "off":
+            mech = "exact scores, no noise (privacy off: NOT differentially private)"
+        elif cfg.selection == "gaussian":
+            mech = f"Gaussian noisy scores, noise multiplier z = {optimizer.noise_multiplier:.3f}"
+        else:
+            mech = f"exponential top-{cfg.parents}, epsilon0 = {optimizer.selection_epsilon:.4f} per selection"
         resumed = f" Resuming at generation {optimizer.generation}." if resume else ""
         console.print(
             f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
@@ -352,6 +355,8 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
             f"about {cfg.sampling_rate * len(task.private_train):.0f} of {len(task.private_train)} private records "
             f"per generation).{resumed}\n[bold]Mechanism[/]: {mech}."
         )
+        if cfg.privacy == "off":
+            console.print("[bold red]privacy off: a non-private baseline. NOT differentially private.[/]")
         if cfg.mode == "unsafe":
             console.print("[bold red]UNSAFE mode: raw private examples reach the mutator. NOT differentially private.[/]")
         holder["task"] = progress.add_task("dp-es", total=cfg.generations, completed=optimizer.generation,

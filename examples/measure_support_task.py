@@ -5,9 +5,10 @@ Usage (from the repository root, needs the [local] extra)::
     python examples/measure_support_task.py --seed 0 --n-test 200 --threads 2
 
 Prints test accuracy and mean gold-label probability (normalised over the labels)
-for the seed prompt, a label list only, the reference instruction, and the
-reference instruction with 5 and 10 public demonstrations. Only public text and
-the synthetic test split are used; no private record is read.
+for the seed prompt, the label list alone, the label list with 10 demonstrations
+from the task's public split, and the reference prompt (15 fixed hand-written
+demonstrations, alone and after the label list). Only public text
+and the synthetic test split are used; no private record is read.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import time
 import numpy as np
 
 from dp_textgrad.engines.llama_cpp import LlamaCppEngine
-from dp_textgrad.tasks.synthetic import make_support_task, reference_prompt
+from dp_textgrad.tasks.synthetic import (
+    SUPPORT_REFERENCE_INSTRUCTION,
+    demo_prompt,
+    make_support_task,
+    reference_prompt,
+)
 
 
 def main() -> None:
@@ -34,10 +40,10 @@ def main() -> None:
     task = make_support_task(seed=args.seed, n_test=args.n_test, **kwargs)
     prompts = {
         "seed": task.seed_prompt,
-        "label list": "Classify the message as " + ", ".join(task.labels[:-1]) + " or " + task.labels[-1] + ".",
-        "reference, 0 demos": reference_prompt(task, n_demos=0),
-        "reference, 5 demos": reference_prompt(task, n_demos=5),
-        "reference, 10 demos": reference_prompt(task, n_demos=10),
+        "label list": SUPPORT_REFERENCE_INSTRUCTION,
+        "10 public demos": demo_prompt(task, 10, SUPPORT_REFERENCE_INSTRUCTION),
+        "reference": reference_prompt(task),
+        "label list + reference": reference_prompt(task, with_label_list=True),
     }
     wanted = [name.strip() for name in args.only.split(",") if name.strip()] or list(prompts)
     engine = LlamaCppEngine(n_threads=args.threads)
@@ -54,7 +60,7 @@ def main() -> None:
         accuracy = float(np.mean(predicted == gold))
         label_prob = float(probs[np.arange(len(gold)), gold].mean())
         counts = np.bincount(predicted, minlength=len(task.labels)).tolist()
-        print(f"{name:22s} accuracy {accuracy:.3f}  label_prob {label_prob:.3f}  "
+        print(f"{name:24s} accuracy {accuracy:.3f}  label_prob {label_prob:.3f}  "
               f"predicted counts {counts}  ({time.perf_counter() - start:.0f} s)", flush=True)
 
 

@@ -19,21 +19,21 @@ from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.synthetic import make_support_task
 
 CUES = {
-    " billing": ("charge", "bill", "refund", "fee", "paid", "payment"),
-    " technical": ("not working", "slow", "app", "error", "connection", "crash"),
-    " cancellation": ("cancel", "end my", "close my", "terminate"),
+    " bill": ("charge", "bill", "refund", "fee", "paid", "payment"),
+    " tech": ("not working", "slow", "app", "error", "connection", "crash"),
+    " cancel": ("cancel", "end my", "close my", "terminate"),
     " fraud": ("unauthori", "scam", "stolen", "permission", "phishing", "never made"),
-    " account": ("address", "e-mail", "update", "change my", "details", "login"),
+    " update": ("address", "e-mail", "update", "change my", "details", "login"),
 }
 
 
 def cue_rule(context: str, choices: Sequence[str]) -> list[float]:
-    """Logits from cue words in the record; without a label list the "model" leans to billing."""
+    """Logits from cue words in the record; without a label list the "model" leans to "bill"."""
     prompt, _, record = context.rpartition("Message:")
     record = record.lower()
     lists_labels = "one of" in prompt.lower() or "categories" in prompt.lower()
     bias = 0.0 if lists_labels else 1.5
-    return [sum(record.count(cue) for cue in CUES.get(choice, ())) + (bias if choice == " billing" else 0.0)
+    return [sum(record.count(cue) for cue in CUES.get(choice, ())) + (bias if choice == " bill" else 0.0)
             for choice in choices]
 
 
@@ -41,8 +41,8 @@ def main() -> None:
     tg = import_textgrad()
     task = make_support_task(seed=0, n_private=600, n_test=200)
     engine = ScriptedEngine(
-        responses=["Classify the support message into one of the categories: billing, technical, cancellation, "
-                   "fraud or account.</PROMPT>"],
+        responses=["Classify the support message into one of the categories: bill, tech, cancel, fraud or "
+                   "update.</PROMPT>"],
         choice_rule=cue_rule,
     )
     prompt = tg.Variable(task.seed_prompt, role_description="instruction prompt", requires_grad=True)

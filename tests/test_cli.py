@@ -20,16 +20,16 @@ from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.controller import RunPlan
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.engines.scripted import ScriptedEngine
-from dp_textgrad.tasks.synthetic import make_support_task
+from dp_textgrad.tasks.synthetic import SUPPORT_LABELS, make_support_task
 
 runner = CliRunner()
 
 SCHEDULE = dict(epsilon=4.0, generations=2, population=3, parents=2, sampling_rate=0.5)
 SCHEDULE_FLAGS = ["--generations", "2", "--population", "3", "--parents", "2", "--sampling-rate", "0.5"]
-PROMPTS = ["Label the message with one of: billing, technical, cancellation, fraud, account.</PROMPT>",
+PROMPTS = ["Label the message with one of: bill, tech, cancel, fraud, update.</PROMPT>",
            "Read the customer message carefully and name its main request.</PROMPT>"]
-RULE = {"refund": "billing", "charge": "billing", "app": "technical", "cancel": "cancellation",
-        "stolen": "fraud", "address": "account"}
+RULE = {"refund": "bill", "charge": "bill", "app": "tech", "cancel": "cancel",
+        "stolen": "fraud", "address": "update"}
 
 
 def scripted(responses=None) -> ScriptedEngine:
@@ -223,9 +223,18 @@ def test_optimize_unexpected_error_names_only_its_type(tmp_path, monkeypatch) ->
 
 
 # -- optimize: a run on the user's files, Ctrl-C, resume ---------------------------------------------
-CUES = {"billing": "I was charged twice so please refund order", "technical": "the app shows an error on screen",
-        "cancellation": "please cancel my plan number", "fraud": "my card was stolen for a payment",
-        "account": "update the address on profile"}
+CUES = {"bill": "I was charged twice so please refund order", "tech": "the app shows an error on screen",
+        "cancel": "please cancel my plan number", "fraud": "my card was stolen for a payment",
+        "update": "update the address on profile"}
+
+
+def test_scripted_rule_labels_the_cues_with_the_support_labels() -> None:
+    assert set(RULE.values()) == set(SUPPORT_LABELS) == set(CUES)
+    engine = scripted()
+    verbalizers = [" " + label for label in CUES]
+    for label, text in CUES.items():
+        scores = engine.score_choices(f"{PROMPTS[0]}\n\nMessage: {text} 7\nCategory:", verbalizers)
+        assert verbalizers[int(scores.argmax())] == " " + label, (label, scores)
 
 
 def write_csv(path: Path, n: int) -> None:

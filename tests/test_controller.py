@@ -25,18 +25,18 @@ from dp_textgrad.tasks.synthetic import make_support_task
 tg = import_textgrad()
 
 CUES = {
-    " billing": ("charge", "bill", "refund", "fee"),
-    " technical": ("not working", "slow", "app", "error"),
-    " cancellation": ("cancel", "end my", "close my"),
+    " bill": ("charge", "bill", "refund", "fee"),
+    " tech": ("not working", "slow", "app", "error"),
+    " cancel": ("cancel", "end my", "close my"),
     " fraud": ("unauthori", "scam", "stolen", "permission"),
-    " account": ("address", "e-mail", "update", "details"),
+    " update": ("address", "e-mail", "update", "details"),
 }
 
 
 def cue_rule(context: str, choices: Sequence[str]) -> list[float]:
     prompt, _, record = context.rpartition("Message:")
     bias = 0.0 if "one of" in prompt.lower() else 1.5
-    return [sum(record.lower().count(c) for c in CUES.get(ch, ())) + (bias if ch == " billing" else 0.0)
+    return [sum(record.lower().count(c) for c in CUES.get(ch, ())) + (bias if ch == " bill" else 0.0)
             for ch in choices]
 
 
@@ -47,10 +47,18 @@ def task() -> ClassificationTask:
 
 def make_engine() -> ScriptedEngine:
     return ScriptedEngine(
-        responses=["Label the message with one of: billing, technical, cancellation, fraud, account.</PROMPT>",
+        responses=["Label the message with one of: bill, tech, cancel, fraud, update.</PROMPT>",
                    "Read the customer message carefully and name its main request.</PROMPT>"],
         choice_rule=cue_rule,
     )
+
+
+def test_cue_rule_speaks_the_task_labels(task) -> None:
+    """The scripted "model" must score the support task's own verbalisers, or the runs below
+    would optimise against a flat rule; listing the labels must beat the seed prompt."""
+    assert set(CUES) == set(task.verbalizers.values())
+    listed = "Label the message with one of: bill, tech, cancel, fraud, update."
+    assert task.accuracy(make_engine(), listed) > task.accuracy(make_engine(), task.seed_prompt) + 0.1
 
 
 def make_opt(task, tmp_path=None, **settings) -> tuple[DPEvolutionStrategy, object]:

@@ -16,6 +16,11 @@ def test_quickstart_scripted_runs_and_prints_the_ledger(tmp_path: Path) -> None:
     out = proc.stdout
     assert "released prompt:" in out
     assert "ledger:" in out
+    # The scripted "model" reads the support task's labels: a prompt listing them must win.
+    (accuracy_line,) = [line for line in out.splitlines() if line.startswith("test accuracy")]
+    seed_accuracy = float(accuracy_line.split("seed ")[1].split(",")[0])
+    released_accuracy = float(accuracy_line.split("released ")[1])
+    assert released_accuracy > seed_accuracy + 0.1, accuracy_line
     ledger_lines = [line for line in out.splitlines() if line.strip().startswith("[") and "epsilon so far" in line]
     assert len(ledger_lines) == 5  # one charge per generation
     final = float(ledger_lines[-1].split("epsilon so far")[1].split()[0])

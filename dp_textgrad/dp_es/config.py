@@ -12,6 +12,7 @@ SelectionKind = Literal["gaussian", "exponential"]
 FeedbackKind = Literal["none", "dp_confusion"]
 FeedbackMode = Literal["public", "unsafe"]
 FinalSelection = Literal["last", "exponential"]
+PrivacyKind = Literal["dp", "off"]
 
 DEFAULT_EXPECTED_BATCH = 150
 
@@ -39,6 +40,9 @@ class DPESConfig(BaseModel):
     feedback: FeedbackKind = Field("dp_confusion", description="DP aggregate feedback for critiques")
     feedback_noise_ratio: float = Field(3.0, gt=0, description="feedback noise multiplier / score noise multiplier")
     mode: FeedbackMode = Field("public", description="'unsafe' lets raw private examples reach the mutator")
+    privacy: PrivacyKind = Field(
+        "dp", description="'off': NON-PRIVATE baseline (exact scores, no noise, no budget; ledger says so)"
+    )
     use_critiques: bool = Field(True, description="ask the LLM for critiques of the parents before rewriting")
     seed: int = Field(0, description="seed of non-private choices (mutations); never of DP noise")
     insecure_noise_seed: int | None = Field(
@@ -76,6 +80,10 @@ class DPESConfig(BaseModel):
             )
         if self.elites > self.parents:
             raise ValueError(f"elites ({self.elites}) must not exceed parents ({self.parents})")
+        if self.privacy == "off" and self.selection != "gaussian":
+            raise ValueError("privacy: 'off' ranks candidates by exact scores; set selection='gaussian'")
+        if self.privacy == "off" and self.final_selection != "last":
+            raise ValueError("privacy: 'off' has no DP final selection; set final_selection='last'")
         if self.selection == "exponential" and self.feedback != "none":
             raise ValueError(
                 "feedback: DP feedback shares the Gaussian scoring subsample; with selection='exponential' set feedback='none'"

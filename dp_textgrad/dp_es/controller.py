@@ -255,6 +255,8 @@ class EvolutionController(Optimizer):
         return report
 
     def _gaussian_generation(self, t: int, candidates: list[Candidate]) -> list[Candidate]:
+        if self.config.privacy == "off":
+            return self._exact_generation(t, candidates)
         feedback_idx: list[int] = []
         z_fb = None
         if self.config.feedback == "dp_confusion" and t + 1 < self.config.generations:
@@ -271,6 +273,16 @@ class EvolutionController(Optimizer):
         self.population.record(noisy, t)
         self._pending_feedback = self._feedback_sentences(noisy)
         # Free post-processing: parents are the top-k of the shrunk noisy estimates.
+        return self.population.best(self.config.parents)
+
+    def _exact_generation(self, t: int, candidates: list[Candidate]) -> list[Candidate]:
+        # Non-private baseline: the same loop on the same subsample size, without noise.
+        feedback_idx = []
+        if self.config.feedback == "dp_confusion" and t + 1 < self.config.generations:
+            feedback_idx = [self._index_of_current_best(candidates)]
+        exact = self.scorer.score_exact(candidates, feedback_candidates=feedback_idx)
+        self.population.record(exact, t)
+        self._pending_feedback = self._feedback_sentences(exact)
         return self.population.best(self.config.parents)
 
     def _exponential_generation(self, t: int, candidates: list[Candidate]) -> list[Candidate]:
@@ -462,9 +474,11 @@ class DPEvolutionStrategy(EvolutionController):
         if not isinstance(task, ClassificationTask):
             raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
         resolved = base.resolved(len(task.private_train))
-        plan = RunPlan.from_config(resolved)
+        plan = RunPlan.non_private() if resolved.privacy == "off" else RunPlan.from_config(resolved)
         if ledger is None:
             ledger = PrivacyLedger(resolved.epsilon, resolved.delta)
+        if resolved.privacy == "off" and not ledger.unsafe:
+            ledger.mark_unsafe("privacy 'off': non-private baseline; exact scores on private data, no noise")
         elif (ledger.epsilon_budget, ledger.delta) != (resolved.epsilon, resolved.delta):
             raise ConfigError("ledger: its budget differs from the configuration's epsilon/delta")
         super().__init__(
@@ -548,6 +562,11 @@ class RunPlan:
         if config.final_selection == "exponential":
             events.append(GumbelTopK(config.final_epsilon, 1, 1.0).event(float(config.sampling_rate)))
         return dp_accounting.ComposedDpEvent(events)
+
+    @classmethod
+    def non_private(cls) -> "RunPlan":
+        """The plan of a ``privacy='off'`` baseline: nothing calibrated, not DP."""
+        return cls(None, None, dp_accounting.NonPrivateDpEvent())
 
     @classmethod
     def from_config(cls, config: DPESConfig) -> "RunPlan":

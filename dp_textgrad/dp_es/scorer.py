@@ -428,6 +428,39 @@ class DPScorer:
             secure_noise=self.noise.secure,
         )
 
+    def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: Sequence[int] = ()) -> NoisyScores:
+        """NOT PRIVATE: exact scores (and confusion matrices) on a subsample, for baselines.
+
+        Allowed only with a ledger already marked unsafe, so the run's record says it is
+        not differentially private. Same subsample size and estimate as
+        :meth:`score_gaussian`, with zero noise.
+        """
+        if not getattr(self.ledger, "unsafe", False):
+            raise PermissionError("score_exact: reads private data without noise; the ledger must first be "
+                                  "marked unsafe (use DPESConfig(privacy='off') for a non-private baseline)")
+        candidates = _check_candidates(candidates)
+        feedback = self._check_feedback(feedback_candidates, len(candidates))
+        sums, outcomes = self._utility_sums(candidates)
+        confusion = None
+        if feedback:
+            num_labels = len(self.task.labels)
+            confusion = np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
+                                  for j in feedback]).astype(float)
+        del outcomes
+        denominator = self.expected_batch_size
+        return NoisyScores(
+            candidate_ids=[str(c.id) for c in candidates],
+            noisy_sums=np.asarray(sums, dtype=float),
+            estimates=np.asarray(sums, dtype=float) / denominator,
+            noise_std_sum=0.0,
+            noise_std_estimate=0.0,
+            expected_batch_size=denominator,
+            confusion=confusion,
+            confusion_candidate_ids=[str(candidates[j].id) for j in feedback] if feedback else None,
+            confusion_noise_std=0.0 if feedback else None,
+            secure_noise=self.noise.secure,
+        )
+
     def select_private(self, candidates: Sequence[CandidateLike], mechanism: "SelectionMechanism",
                        label: str) -> list[int]:
         """Indices (into ``candidates``) chosen by a DP selection mechanism on a fresh subsample."""

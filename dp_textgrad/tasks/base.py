@@ -5,7 +5,7 @@ A classification task renders model input as::
     <candidate prompt>\n\n<record_template with the record's text>
 
 and reads the label by comparing the log-probabilities of each label's verbaliser
-(e.g. " billing") as the continuation. The per-record score is in [0, C].
+(e.g. " fraud") as the continuation. The per-record score is in [0, C].
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 ``make_support_task`` generates, from a seed and without any download, messages
 sent to the support desk of a bank-and-telecom provider. Each message has one
-intent (``billing``, ``technical``, ``cancellation``, ``fraud``, ``account``).
+intent, named by a short label: ``bill`` (charges, fees, refunds), ``tech`` (something
+does not work), ``cancel`` (ending a service or account), ``fraud`` (unauthorised use,
+scams, stolen cards) and ``update`` (changing personal details).
 Private and test messages carry FAKE personal data (generated names, phone and
 account numbers, e-mail and street addresses, dates, amounts); the public split
 uses placeholders such as ``[name]`` instead, so it holds no personal data at all.
@@ -10,11 +12,18 @@ uses placeholders such as ``[name]`` instead, so it holds no personal data at al
 Why it is not a keyword task: a share of the messages (``hard_fraction``) is
 built so that the obvious keyword points to the wrong label:
 
-- negations ("This isn't about my bill." before a technical request);
+- negations ("This isn't about my bill." before a ``tech`` request);
 - a second, background topic ("I sorted my bill out last week." then a fraud report),
   or a threat that is not the request ("... or I will cancel" on a billing complaint);
 - indirect phrasing without the label's usual words ("the light on the box keeps
-  flashing orange" is technical).
+  flashing orange" is tech).
+
+Label words: Gemma 3 270M (the default local model) is scored on the log-probability
+of each label word after "Category:". With the longer names "billing", "technical",
+"cancellation", "account" it almost never predicted "technical" or "cancellation"
+under any prompt we tried, and "account" is copied from every "my account number is"
+line; the short words above are the set where prompts make the largest difference
+(see docs/tasks.md for the measurements).
 
 All other variety (greetings, sign-offs, politeness, lower-case, typos, lengths)
 is added around the request. Everything is drawn from ``random.Random`` streams
@@ -33,16 +42,16 @@ import numpy as np
 from dp_textgrad.dp_es.private import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
 
-SUPPORT_LABELS: tuple[str, ...] = ("billing", "technical", "cancellation", "fraud", "account")
+SUPPORT_LABELS: tuple[str, ...] = ("bill", "tech", "cancel", "fraud", "update")
 
 SUPPORT_DESCRIPTION = (
     "Messages written by customers to the support desk of a bank and telecom provider. "
-    "Each message has one main request, and the task is to name its category: "
-    "billing (charges, bills, fees, refunds, payments), "
-    "technical (a service, device, app or connection not working), "
-    "cancellation (ending a contract, subscription, line or account), "
+    "Each message has one main request, and the task is to name its category with one word: "
+    "bill (wrong charges, bills, fees, refunds, payments), "
+    "tech (a service, device, app or connection not working), "
+    "cancel (ending a contract, subscription, line or account), "
     "fraud (unauthorised payments, scams, phishing, lost or stolen cards, someone else in the account), "
-    "account (updating personal details such as address, phone number, e-mail, name or login details). "
+    "update (changing personal details such as address, phone number, e-mail, name or login). "
     "Messages may mention other topics in passing or deny them; only the main request counts. "
     "Private messages contain personal data (names, phone and account numbers, addresses)."
 )
@@ -174,7 +183,7 @@ class _SlotFiller(dict):
 # ----------------------------------------------------------------------------------
 # Requests. "direct" ones use the label's usual words; "indirect" ones avoid them.
 _DIRECT: dict[str, tuple[str, ...]] = {
-    "billing": (
+    "bill": (
         "I was charged twice for my {service} this month, can you refund one of the payments?",
         "My latest bill is {amount} but my plan is supposed to cost much less.",
         "Why is there a late payment fee of {amount} on my invoice? I paid on {date}.",
@@ -192,7 +201,7 @@ _DIRECT: dict[str, tuple[str, ...]] = {
         "Still waiting on the refund of {amount} that was promised on {date}.",
         "I keep getting charged a paper bill fee even though I chose e-billing.",
     ),
-    "technical": (
+    "tech": (
         "My {service} keeps dropping every evening and I can't work from home.",
         "The {device} won't connect to the internet since {date}.",
         "{app} crashes every time I try to log in.",
@@ -210,7 +219,7 @@ _DIRECT: dict[str, tuple[str, ...]] = {
         "There's a crackling noise on the landline whenever I make a call.",
         "I get an error page when I try to pay by card on {app}, so the app seems broken.",
     ),
-    "cancellation": (
+    "cancel": (
         "I want to cancel my {service} at the end of this month.",
         "Please close my account {acct}, I no longer need it.",
         "How do I end my contract early? I'm moving to {rival}.",
@@ -242,7 +251,7 @@ _DIRECT: dict[str, tuple[str, ...]] = {
         "I clicked a link in a fake delivery text and entered my card details, what should I do?",
         "Several small payments I never authorised have gone out of my account since {date}.",
     ),
-    "account": (
+    "update": (
         "I've moved, please update my address to {address}.",
         "Please change the phone number on my account to {phone}.",
         "I need to update my e-mail address to {email}.",
@@ -261,7 +270,7 @@ _DIRECT: dict[str, tuple[str, ...]] = {
 }
 
 _INDIRECT: dict[str, tuple[str, ...]] = {
-    "billing": (
+    "bill": (
         "The number on this month's statement is way higher than what I signed up for.",
         "Why am I paying for a premium package I never picked?",
         "I paid {amount} on {date} and your letter says I still owe it.",
@@ -269,7 +278,7 @@ _INDIRECT: dict[str, tuple[str, ...]] = {
         "Last month cost {amount} and this month {amount2}, and I used it exactly the same.",
         "Somebody promised me half price for a year and that lasted two months.",
     ),
-    "technical": (
+    "tech": (
         "The little light on the {device} has been flashing orange since {date}.",
         "Every time I open {app} it goes white and closes.",
         "Video calls freeze every few minutes in the evening.",
@@ -278,7 +287,7 @@ _INDIRECT: dict[str, tuple[str, ...]] = {
         "People say my voice sounds robotic when I ring them.",
         "Pages take forever to open and films keep buffering.",
     ),
-    "cancellation": (
+    "cancel": (
         "I'm moving abroad on {date} and won't need the {service} after that.",
         "Please make sure nothing renews after this month, I'm done.",
         "I've found a better deal elsewhere and would like to end things with you.",
@@ -295,7 +304,7 @@ _INDIRECT: dict[str, tuple[str, ...]] = {
         "Someone rang saying they were from your security team and wanted the code you just texted me.",
         "Purchases in another currency keep appearing on my {card} and I haven't travelled.",
     ),
-    "account": (
+    "update": (
         "I don't live at the old place anymore, post should go to {address}.",
         "My number is now {phone}, the old one is gone.",
         "Since my wedding I go by {last}, could your records say the same?",
@@ -307,47 +316,47 @@ _INDIRECT: dict[str, tuple[str, ...]] = {
 
 # Hard cases: sentences that mention another label's topic but are not the request.
 _NEGATIONS: dict[str, tuple[str, ...]] = {
-    "billing": ("This isn't about my bill, the charges are fine.", "I'm not disputing any payment.",
+    "bill": ("This isn't about my bill, the charges are fine.", "I'm not disputing any payment.",
                 "Nothing is wrong with my billing,", "Not a billing question:"),
-    "technical": ("The internet itself works fine.", "It's not a technical problem, everything works.",
+    "tech": ("The internet itself works fine.", "It's not a technical problem, everything works.",
                   "My {device} is working, that's not the issue."),
-    "cancellation": ("I'm not looking to cancel.", "I don't want to close my account,",
+    "cancel": ("I'm not looking to cancel.", "I don't want to close my account,",
                      "Not cancelling anything,", "I am not leaving you,"),
     "fraud": ("This isn't fraud, I recognise all my payments.", "Nothing suspicious has happened,",
               "My card is not stolen,", "Not a scam report,"),
-    "account": ("I don't need to change any of my details.", "My address and phone are the same as before,",
+    "update": ("I don't need to change any of my details.", "My address and phone are the same as before,",
                 "This isn't about updating my details,"),
 }
 _BACKGROUND: dict[str, tuple[str, ...]] = {
-    "billing": ("I sorted my bill out with you last week, thanks for that.", "My bill is paid up to date.",
+    "bill": ("I sorted my bill out with you last week, thanks for that.", "My bill is paid up to date.",
                 "I had a refund from you on {date} which was fine.", "I pay {amount} a month by direct debit."),
-    "technical": ("Last month my internet was down for a day but that's fixed now.",
+    "tech": ("Last month my internet was down for a day but that's fixed now.",
                   "Your technician came on {date} and the {device} has worked since.",
                   "The app works fine for me otherwise."),
-    "cancellation": ("I almost cancelled last year.", "I've been with you for ten years and never wanted to leave.",
+    "cancel": ("I almost cancelled last year.", "I've been with you for ten years and never wanted to leave.",
                      "A friend told me to just cancel but I'd rather sort it out."),
     "fraud": ("Last year my card was stolen and you handled it well.",
               "I reported a scam call on {date} and that was all sorted.",
               "I know you never ask for PINs, so I'm careful."),
-    "account": ("I updated my address last year.", "I changed my e-mail a while ago to {email}.",
+    "update": ("I updated my address last year.", "I changed my e-mail a while ago to {email}.",
                 "My details are all up to date."),
 }
 # A threat or aside that names another topic after the real request.
 _ASIDES: dict[str, tuple[str, ...]] = {
-    "cancellation": ("If this isn't fixed soon I will cancel.", "Otherwise I'm going to close my account.",
+    "cancel": ("If this isn't fixed soon I will cancel.", "Otherwise I'm going to close my account.",
                      "Sort it out or I'm switching to {rival}."),
-    "billing": ("And I don't expect to pay for the days it didn't work.",),
-    "technical": ("Your app is slow too but that's another story.",),
+    "bill": ("And I don't expect to pay for the days it didn't work.",),
+    "tech": ("Your app is slow too but that's another story.",),
     "fraud": ("I'm not saying it's fraud, just want it explained.",),
-    "account": ("Oh and my phone number is {phone} if you need it.",),
+    "update": ("Oh and my phone number is {phone} if you need it.",),
 }
 # Which asides may follow which intent (an aside must not be a second valid request).
 _ASIDE_FOR = {
-    "billing": ("cancellation", "fraud"),
-    "technical": ("cancellation", "billing"),
-    "fraud": ("account",),
-    "account": ("technical",),
-    "cancellation": ("account",),
+    "bill": ("cancel", "fraud"),
+    "tech": ("cancel", "bill"),
+    "fraud": ("update",),
+    "update": ("tech",),
+    "cancel": ("update",),
 }
 
 _GREETINGS = ("Hi,", "Hello,", "Good morning,", "Hey there,", "Dear support team,", "To whom it may concern,",
@@ -540,27 +549,49 @@ def make_support_task(seed: int = 0, n_private: int = 600, n_public: int = 40, n
 
 
 # ----------------------------------------------------------------------------------
-# A hand-written reference prompt: the yardstick for "a good prompt" in docs and tests.
-SUPPORT_REFERENCE_INSTRUCTION = (
-    "Classify each customer support message by its main request. The categories are:\n"
-    "billing: charges, bills, fees, refunds or payments are wrong.\n"
-    "technical: a service, device, app or connection is not working.\n"
-    "cancellation: the customer wants to end a contract, subscription, line or account.\n"
-    "fraud: unauthorised payments, scams, phishing, a lost or stolen card, or someone else in the account.\n"
-    "account: the customer wants to update details such as address, phone number, e-mail, name or login.\n"
-    "Ignore topics the message only mentions in passing or says are not the problem."
+# Prompts built from public text only (safe to print, to optimise from, to put in docs).
+SUPPORT_REFERENCE_INSTRUCTION = "Sort each customer message into one category: bill, tech, cancel, fraud, update."
+
+# Hand-written demonstrations (placeholders, no personal data), in a fixed order. The
+# small model copies the label of the last demonstrations, so order matters: this one
+# was chosen among 16 random orders/subsets of a 20-message pool (with or without the
+# label list) by accuracy on the test split of seed 1, then checked on seeds 0 and 2
+# (docs/tasks.md).
+SUPPORT_REFERENCE_DEMOS: tuple[Example, ...] = (
+    Example("Please send my statements to [email] from now on.", "update"),
+    Example("I'm switching to another provider, how do I end my contract?", "cancel"),
+    Example("There is a payment of [amount] on my card that I did not make.", "fraud"),
+    Example("I'm not looking to cancel, but someone logged into my account from another country.", "fraud"),
+    Example("The light on the router has been flashing orange since [date].", "tech"),
+    Example("I've moved, please change my address to [address].", "update"),
+    Example("I got married and my surname is now [last name].", "update"),
+    Example("I'm moving abroad on [date] and won't need the line after that.", "cancel"),
+    Example("My card ending [card digits] was stolen, please block it.", "fraud"),
+    Example("The app crashes every time I try to log in.", "tech"),
+    Example("This isn't about my bill, my phone has had no signal for two days.", "tech"),
+    Example("I'm not saying it's fraud, I just don't understand the extra charge on my statement.", "bill"),
+    Example("My new phone number is [phone].", "update"),
+    Example("My broadband keeps dropping every evening.", "tech"),
+    Example("Please cancel my TV package at the end of the month.", "cancel"),
 )
 
 
-def reference_prompt(task: ClassificationTask, n_demos: int = 10,
-                     instruction: str = SUPPORT_REFERENCE_INSTRUCTION) -> str:
-    """Instruction plus the first ``n_demos`` public examples, spread over the labels.
+def reference_prompt(task: ClassificationTask, *, with_label_list: bool = False) -> str:
+    """The measured "good prompt" of the support task: 15 fixed public demonstrations.
 
-    Built from public text only, so it is safe to print or optimise from.
+    ``with_label_list`` puts ``SUPPORT_REFERENCE_INSTRUCTION`` (a label list) first; on
+    Gemma 3 270M that scores lower (the model copies the listed words), see docs/tasks.md.
     """
+    shots = "\n\n".join(task.render_demo(ex) for ex in SUPPORT_REFERENCE_DEMOS)
+    return f"{SUPPORT_REFERENCE_INSTRUCTION}\n\n{shots}" if with_label_list else shots
+
+
+def demo_prompt(task: ClassificationTask, n_demos: int, instruction: str = "") -> str:
+    """``instruction`` plus ``n_demos`` of the task's public examples, spread evenly over the labels."""
     demos = _spread_over_labels(task.public_examples, task.labels, n_demos)
-    shots = "\n\n".join(task.render_demo(ex) for ex in demos)
-    return instruction + ("\n\n" + shots if shots else "")
+    parts = [instruction.strip()] if instruction.strip() else []
+    parts += [task.render_demo(ex) for ex in demos]
+    return "\n\n".join(parts)
 
 
 def _spread_over_labels(examples: Sequence[Example], labels: Sequence[str], n: int) -> list[Example]:
@@ -576,4 +607,3 @@ def _spread_over_labels(examples: Sequence[Example], labels: Sequence[str], n: i
             if queues[label] and len(chosen) < n:
                 chosen.append(queues[label].pop(0))
     return [examples[i] for i in sorted(chosen)]
-
