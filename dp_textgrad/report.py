@@ -18,7 +18,23 @@ from dp_textgrad import _io, runs
 UNSAFE_BANNER = "**WARNING: this run was in unsafe mode. It is NOT differentially private.**"
 
 
-def _plots(result: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, bytes]:
+AUDIT_FILE_NAME = "audit.json"  # written by dp_textgrad.audit.end_to_end
+AUDIT_FORMAT = "dp-textgrad-audit"
+
+
+def read_audit(directory: Path) -> dict[str, Any] | None:
+    """The run's ``audit.json`` (an L2 canary audit), or ``None`` when there is none."""
+    path = Path(directory) / AUDIT_FILE_NAME
+    if not path.exists():
+        return None
+    audit = runs.read_json(path)
+    if not isinstance(audit, dict) or audit.get("format") != AUDIT_FORMAT:
+        raise ValueError(f"audit.json: {path} is not a dp-textgrad audit file (format {AUDIT_FORMAT!r})")
+    return audit
+
+
+def _plots(result: dict[str, Any], metrics: list[dict[str, Any]],
+           audit: dict[str, Any] | None = None) -> dict[str, bytes]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,14 +95,132 @@ def _plots(result: dict[str, Any], metrics: list[dict[str, Any]]) -> dict[str, b
         ax.set_title("Lineage of the released prompt (oldest at the bottom)")
         ax.margins(x=0.6, y=0.3)
         save(fig, "lineage.png")
+
+    curves = {name: a for name, a in (audit or {}).get("attacks", {}).items() if a.get("roc")}
+    if curves:
+        fig, ax = plt.subplots(figsize=(5.0, 4.2))
+        ax.plot([0, 1], [0, 1], color="#999999", linestyle=":", linewidth=1, label="chance")
+        for name, attack in _ordered_attacks(curves):
+            roc = attack["roc"]
+            ax.plot(roc["fpr"], roc["tpr"], linewidth=1.2,
+                    label=f"{name} (AUC {attack['auc']['estimate']:.2f})")
+        canaries = audit.get("canaries", {}) if audit else {}
+        ax.set_xlabel(f"false positive rate ({canaries.get('n_nonmembers', '?')} non-member canaries)")
+        ax.set_ylabel(f"true positive rate ({canaries.get('n_members', '?')} member canaries)")
+        ax.set_title("Membership attacks on the released prompt (ROC)")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7, loc="lower right")
+        save(fig, "audit_roc.png")
     return images
 
 
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    value = float(value)
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.{digits}f}"
+
+
+def _interval(interval: dict[str, Any] | None) -> str:
+    if not interval:
+        return "-"
+    return f"{_num(interval['estimate'])} [{_num(interval['low'])}, {_num(interval['high'])}]"
+
+
+# Table order: leakage measures, then the membership attacks (others after, alphabetically).
+_ATTACK_ORDER = ("prompt_text", "extraction", "exposure", "loss", "zlib", "min_k", "min_k_pp", "reference",
+                 "recall", "grad_norm")
+
+
+def _ordered_attacks(attacks: dict[str, Any]) -> list[tuple[str, Any]]:
+    rank = {name: i for i, name in enumerate(_ATTACK_ORDER)}
+    return sorted(attacks.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0]))
+
+
+def audit_markdown(audit: dict[str, Any], roc_image: str | None = None) -> list[str]:
+    """The report's audit section (Markdown lines) from an ``audit.json`` payload."""
+    claim, bound, canaries = audit["claim"], audit["eps_lb"], audit["canaries"]
+    leakage = audit["leakage"]
+    gdp = audit.get("gdp_estimate")
+    mode = audit.get("mode")
+    level = 1 - float(bound["alpha"])
+    claimed = _num(claim["epsilon"]) if claim["epsilon"] is not None else "none (unsafe mode)"
+    estimate = f"{_num(gdp['epsilon'])} ({gdp['attack']}, pre-registered)" if gdp else "-"
+    attack = f" ({bound['attack']})" if bound.get("attack") else ""
+    lines = [
+        "## Privacy audit (L2: canaries through the whole run)",
+        "",
+        f"**{audit['verdict']}**",
+        "",
+        f"- mode: {mode}" + (" (positive control: raw private records reach the mutator; it must leak)"
+                              if mode == "unsafe" else " (the library's DP-ES)"),
+        f"- canaries: {canaries['n']} ({canaries['n_members']} members inserted by their Bernoulli(1/2) bit, "
+        f"{canaries['n_nonmembers']} non-members), {canaries['share']:.1%} of the private set; "
+        f"canary seed {canaries['seed']}, fingerprint `{canaries['fingerprint_sha256'][:16]}`",
+        f"- one-run guesses: k_pos = {bound['k_pos']}, k_neg = {bound['k_neg']} (fixed before the run); "
+        f"{bound['n_attacks']} attacks, each bound at alpha = {bound['alpha_per_attack']:.4g}"
+        + (f"; a perfect attack would show eps_lb = {_num(bound['ceiling'])} at most with these settings"
+           if bound.get("ceiling") is not None else ""),
+        "",
+        "| claimed epsilon (ledger) | eps_lb (one-run, lower bound) | Gaussian-DP (estimate, not a bound) | delta |",
+        "|---|---|---|---|",
+        f"| {claimed} | {_num(bound['epsilon'])} at {level:.0%} confidence{attack} | {estimate} | "
+        f"{claim['delta']:.3g} |",
+        "",
+        f"- secrets verbatim in the released prompt: {leakage['prompt_text']['verbatim_members']} member(s), "
+        f"{leakage['prompt_text']['verbatim_nonmembers']} non-member(s); longest common substring up to "
+        f"{leakage['prompt_text']['max_lcs_fraction']:.0%} of a secret",
+        f"- greedy extraction: {leakage['extraction']['extracted_members']} member(s), "
+        f"{leakage['extraction']['extracted_nonmembers']} non-member(s); mean matched share "
+        f"{leakage['extraction']['mean_matched_fraction']:.0%}",
+        f"- exposure (of at most {leakage['exposure']['max_possible']:.2f} bits, "
+        f"{leakage['exposure']['n_references']} references): members {_num(leakage['exposure']['mean_members'], 2)}, "
+        f"non-members {_num(leakage['exposure']['mean_nonmembers'], 2)}",
+    ]
+    for rate in leakage.get("top_k", []):
+        value = rate["token_rate"] if rate["token_rate"] is not None else rate["token_rate_lower_bound"]
+        qualifier = "" if rate["token_rate"] is not None else " (lower bound: the engine lists fewer alternatives)"
+        lines.append(f"- top-{rate['k']} token hit rate of the secrets: {value:.0%}{qualifier}")
+    fpr_targets = []
+    for attack in audit["attacks"].values():
+        if attack.get("tpr_at_fpr"):
+            fpr_targets = [t["target_fpr"] for t in attack["tpr_at_fpr"]]
+            break
+    header = ["attack", "ROC-AUC [95% CI]", "PR-AUC [95% CI]"] + [f"TPR at {f:g} FPR" for f in fpr_targets] + \
+        ["Cohen's d [95% CI]", "Hedges' g", "one-run eps_lb", "GDP eps (estimate)"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, attack in _ordered_attacks(audit["attacks"]):
+        if not attack.get("available"):
+            lines.append(f"| {name} | unavailable: {attack.get('note', '')} |" + " |" * (len(header) - 2))
+            continue
+        if "auc" not in attack:
+            cells = [name, "-", "-"] + ["-"] * len(fpr_targets) + ["-", "-", _num(attack["one_run"]["epsilon"]), "-"]
+        else:
+            tprs = [_num(t["tpr"], 2) if t["tpr"] is not None else "n/a" for t in attack["tpr_at_fpr"]]
+            cells = [name, _interval(attack["auc"]), _interval(attack["pr_auc"])] + tprs + [
+                f"{_interval(attack['cohens_d'])} ({attack['magnitude']})", _num(attack["hedges_g"]),
+                _num(attack["one_run"]["epsilon"]), _num(attack["gdp_estimate"]["epsilon"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "TPR at an FPR needs at least 1/FPR non-members (n/a otherwise).", ""]
+    if roc_image is not None:
+        lines += [f"![audit_roc.png]({roc_image})", ""]
+    for note in audit.get("notes", []):
+        lines.append(f"- note: {note}")
+    lines += ["", "What this does and does not prove: " + audit.get("statement", ""), ""]
+    return lines
+
+
 def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any],
-                   metrics: list[dict[str, Any]], images: dict[str, str]) -> str:
+                   metrics: list[dict[str, Any]], images: dict[str, str],
+                   audit: dict[str, Any] | None = None) -> str:
     lines: list[str] = []
     if result.get("unsafe"):
-        lines += [UNSAFE_BANNER, ""]
+        off = config.get("config", {}).get("privacy") == "off"
+        lines += [UNSAFE_BANNER.replace("was in unsafe mode", "had privacy off (a baseline)") if off
+                  else UNSAFE_BANNER, ""]
     lines += [f"# dp-textgrad run `{run_dir.name}`", ""]
     cfg = config.get("config", {})
     lines += [
@@ -132,8 +266,11 @@ def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any]
             )
         lines.append("")
     for name, ref in images.items():
-        lines += [f"![{name}]({ref})", ""]
+        if not name.startswith("audit_"):
+            lines += [f"![{name}]({ref})", ""]
     lines += [f"Stopped because: {result.get('stopped_because')}.", ""]
+    if audit is not None:
+        lines += audit_markdown(audit, images.get("audit_roc.png"))
     return "\n".join(lines)
 
 
@@ -200,13 +337,14 @@ def write_report(run_dir: str | Path) -> Path:
     config = runs.read_json(directory / "config.json") if (directory / "config.json").exists() else {}
     result = runs.read_json(result_path)
     metrics = list(_io.read_jsonl(directory / "metrics.jsonl"))
-    images = _plots(result, metrics)
+    audit = read_audit(directory)
+    images = _plots(result, metrics, audit)
     plot_dir = directory / "plots"
     plot_dir.mkdir(exist_ok=True)
     for name, data in images.items():
         (plot_dir / name).write_bytes(data)
-    markdown = build_markdown(directory, config, result, metrics, {n: f"plots/{n}" for n in images})
+    markdown = build_markdown(directory, config, result, metrics, {n: f"plots/{n}" for n in images}, audit)
     _io.atomic_write_text(directory / "report.md", markdown)
-    html_markdown = build_markdown(directory, config, result, metrics, {n: n for n in images})
+    html_markdown = build_markdown(directory, config, result, metrics, {n: n for n in images}, audit)
     _io.atomic_write_text(directory / "report.html", _markdown_to_html(html_markdown, images))
     return directory / "report.md"

@@ -1,8 +1,9 @@
 """Run directories: what a run saves, and the run log every run appends to.
 
 ``runs/<id>/`` holds the configuration, the ledger, checkpoints, per-generation noisy
-metrics, the released prompt and the report. Nothing in it holds raw private text
-unless the run was in unsafe mode (and then the report says so at the top).
+metrics, the released prompt and the report (plus ``audit.json`` after an end-to-end
+canary audit, see :mod:`dp_textgrad.audit.end_to_end`). Nothing in it holds raw private
+text unless the run was in unsafe mode (and then the report says so at the top).
 """
 
 from __future__ import annotations

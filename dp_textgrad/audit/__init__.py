@@ -1,5 +1,6 @@
 """Empirical privacy audits: canaries, leakage measures, membership inference,
-statistics and empirical epsilon lower bounds (see docs/audit.md).
+statistics, empirical epsilon lower bounds, and the end-to-end canary audit of a
+whole optimisation run (``run_canary_audit``; see docs/audit.md).
 
 An audit can show that a run leaks (a lower bound above the claimed epsilon means
 a bug); it can never prove that a run is private.
@@ -39,6 +40,13 @@ from dp_textgrad.audit.canaries import (
     save_canaries,
     twin_datasets,
     with_private_records,
+)
+from dp_textgrad.audit.end_to_end import (
+    CanaryAuditOptions,
+    CanaryAuditResult,
+    attack_release,
+    read_audit,
+    run_canary_audit,
 )
 from dp_textgrad.audit.leakage import (
     ExposureResult,
@@ -81,7 +89,8 @@ from dp_textgrad.audit.stats import (
 )
 
 __all__ = [
-    "ATTACKS", "AttackScores", "Canary", "CanaryInsertion", "CanarySet", "EpsilonLowerBound", "ExposureResult",
+    "ATTACKS", "AttackScores", "Canary", "CanaryAuditOptions", "CanaryAuditResult", "CanaryInsertion", "CanarySet",
+    "EpsilonLowerBound", "ExposureResult", "attack_release", "read_audit", "run_canary_audit",
     "ExtractionResult", "GdpEstimate", "GroupComparison", "Interval", "LeakageReport", "OneRunBound",
     "PromptLeakage", "TopKHitRate", "TprAtFpr", "TwinDatasets", "bootstrap_ci", "canaries_for_task",
     "clopper_pearson_lower", "clopper_pearson_upper", "cohens_d", "compare_groups", "effect_magnitude",

@@ -387,6 +387,9 @@ def gaussian_dp_estimate(member_scores: object, nonmember_scores: object, delta:
                          smoothing: float = 0.5) -> GdpEstimate:
     """The largest mu over thresholds ("member" iff score >= t), converted to epsilon.
 
+    The trivial threshold that calls every score a member is skipped; identical
+    scores everywhere give mu = 0.
+
     Rates are smoothed, (count + smoothing) / (n + 2 smoothing), so that a perfect
     separation gives a finite mu. Tuned on the same scores and without confidence
     intervals: report it as an estimate next to the bounds, never as one.
@@ -394,7 +397,13 @@ def gaussian_dp_estimate(member_scores: object, nonmember_scores: object, delta:
     members, nonmembers = _as_scores("member_scores", member_scores), _as_scores("nonmember_scores", nonmember_scores)
     if not (math.isfinite(smoothing) and smoothing > 0):
         raise ValueError(f"smoothing: must be a finite number > 0, got {smoothing}")
-    thresholds = np.unique(np.r_[members, nonmembers])
+    _check_unit("delta", delta)
+    # The lowest score calls everyone a member (TPR = FPR = 1): no information, but with
+    # unequal group sizes smoothing would turn it into a spurious mu > 0. Skip it.
+    thresholds = np.unique(np.r_[members, nonmembers])[1:]
+    if thresholds.size == 0:  # every score equal: nothing tells members apart
+        threshold = float(members[0])
+        return GdpEstimate(0.0, 0.0, delta, 1.0, 1.0, threshold)
     fp, fn = _counts_over(members, nonmembers, thresholds)
     tprs = (members.size - fn + smoothing) / (members.size + 2 * smoothing)
     fprs = (fp + smoothing) / (nonmembers.size + 2 * smoothing)

@@ -5,6 +5,14 @@
 vs the noise-off positive control, appends one JSON line per audit to
 ``<runs-dir>/run_metadata.jsonl`` and exits 1 when a lower bound exceeds its claim
 (or, with ``--min-control``, when a positive control is too weak to have seen one).
+
+``dp-textgrad audit canaries --mode dp|unsafe`` runs one L2 end-to-end audit (see
+:mod:`dp_textgrad.audit.end_to_end`) on the built-in support task with the local
+model: canaries in the private set, one optimisation run into ``<runs-dir>/run-*``,
+attacks on the released prompt, ``audit.json`` and an audit section in the report.
+It exits 1 when a DP run's lower bound exceeds the claimed epsilon (or a member's
+secret is copied into a DP release), and, with ``--require-leak``, when the unsafe
+positive control shows no leak; 2 on bad input.
 Also runnable as ``python -m dp_textgrad.audit.cli mechanisms``.
 """
 
@@ -84,6 +92,147 @@ def mechanisms(
     console.print(f"total {time.perf_counter() - started:.1f} s; an eps_lb above the claim is a bug, "
                   "an eps_lb below it proves nothing.")
     if failed:
+        raise typer.Exit(EXIT_VIOLATION)
+
+
+def _make_engine(threads: int):
+    """The engine of ``audit canaries`` (tests replace this factory with a scripted engine)."""
+    from dp_textgrad.engines.llama_cpp import LlamaCppEngine
+
+    return LlamaCppEngine(n_threads=threads)
+
+
+def _bad_input(message: str) -> None:
+    typer.echo(f"error: {' '.join(str(message).split())}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _interval_text(interval: Optional[dict]) -> str:
+    return "-" if not interval else f"{interval['estimate']:.2f} [{interval['low']:.2f}, {interval['high']:.2f}]"
+
+
+@audit_app.command("canaries")
+def canaries(
+    mode: str = typer.Option("dp", "--mode", help="dp (the library's DP-ES) or unsafe (positive control: raw "
+                                                  "private records reach the mutator; NOT private)"),
+    n_canaries: int = typer.Option(32, "--canaries", help="canaries m; each is a member with probability 1/2"),
+    n_records: int = typer.Option(32, "--records", help="canary-free private records the members are mixed into"),
+    n_public: int = typer.Option(4, "--public", help="public examples of the built-in task (the mutator's demo "
+                                                     "pool besides, in unsafe mode, 8 private records)"),
+    epsilon: float = typer.Option(4.0, "--epsilon", help="privacy budget of the audited run"),
+    generations: int = typer.Option(6, "--generations", help="DP generations of the audited run"),
+    population: int = typer.Option(6, "--population", help="candidates per generation"),
+    parents: int = typer.Option(2, "--parents", help="parents per generation"),
+    sampling_rate: float = typer.Option(0.35, "--sampling-rate", help="Poisson sampling rate q of the run"),
+    seed: int = typer.Option(0, "--seed", help="seed of the canaries, their inclusion bits, the task and the "
+                                               "run's non-private choices (never of DP noise)"),
+    references: int = typer.Option(15, "--references", help="reference secrets per canary for exposure "
+                                                            "(resolution log2(n + 1) bits)"),
+    max_share: float = typer.Option(0.5, "--max-share", help="largest canary share of the private set allowed "
+                                                             "(an audit setting; the library default is 0.01)"),
+    alpha: float = typer.Option(0.05, "--alpha", help="1 - confidence level of the lower bound"),
+    threads: int = typer.Option(1, "--threads", help="llama.cpp threads"),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where the run directory is created and "
+                                                                   "run_metadata.jsonl is appended"),
+    save_canaries: Optional[Path] = typer.Option(None, "--save-canaries",
+                                                 help="also save the canary file (it holds the secrets; keep it "
+                                                      "outside the run directory)"),
+    evaluate: bool = typer.Option(False, "--evaluate/--no-evaluate", help="also report test accuracy (slower)"),
+    require_leak: bool = typer.Option(False, "--require-leak",
+                                      help="unsafe mode: exit 1 when the positive control shows no leak"),
+    log: bool = typer.Option(True, "--log/--no-log", help="append one JSON line to the run log"),
+) -> None:
+    """L2 audit: canaries through one real optimisation run, then attacks on the released prompt."""
+    from pydantic import ValidationError
+
+    from dp_textgrad.audit.end_to_end import CanaryAuditOptions, run_canary_audit
+    from dp_textgrad.dp_es.config import DPESConfig
+
+    if mode not in ("dp", "unsafe"):
+        _bad_input(f"mode: use 'dp' or 'unsafe', got {mode!r}")
+    checks = (("canaries", n_canaries, 1), ("records", n_records, 1), ("public", n_public, 1),
+              ("references", references, 1), ("threads", threads, 1), ("seed", seed, 0))
+    for name, value, minimum in checks:
+        if value < minimum:
+            _bad_input(f"--{name}: must be an integer >= {minimum}, got {value}")
+    if n_records < n_canaries:
+        _bad_input(f"--records: {n_canaries} canaries need at least {n_canaries} canary-free records to be spread "
+                   f"over, got {n_records}")
+    try:
+        config = DPESConfig(epsilon=epsilon, generations=generations, population=population, parents=parents,
+                            sampling_rate=sampling_rate, seed=seed)
+        options = CanaryAuditOptions(warn_share=max_share, max_share=max_share, n_exposure_references=references,
+                                     alpha=alpha)
+    except ValidationError as exc:
+        from dp_textgrad.dp_es.controller import format_validation_error
+
+        _bad_input(format_validation_error(exc))
+    except ValueError as exc:
+        _bad_input(str(exc))
+
+    from dp_textgrad.engines.base import EngineError
+    from dp_textgrad.tasks.synthetic import generate_support_examples, make_support_task
+
+    console = Console(width=max(Console().width, 120))
+    try:
+        task = make_support_task(seed=seed, n_private=1, n_public=n_public, n_test=50)
+        # The auditor's own private records (the task's private set is replaced, never read).
+        records = generate_support_examples(n_records, seed=10_000 + seed)
+        console.print(f"L2 audit ({mode}): {n_canaries} canaries, {n_records} records; loading the engine...")
+        engine = _make_engine(threads)
+
+        def progress(report) -> None:
+            console.print(f"  generation {report.generation + 1}/{generations}: best estimate "
+                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g}, "
+                          f"{report.seconds:.0f} s")
+
+        result = run_canary_audit(task, engine, config, records=records, n_canaries=n_canaries, seed=seed,
+                                  mode=mode, options=options, runs_root=runs_dir, evaluate=evaluate,
+                                  task_name="support (built-in, audit)", canary_path=save_canaries,
+                                  on_generation=progress, log=log)  # type: ignore[arg-type]
+    except typer.Exit:
+        raise
+    except (ValueError, FileNotFoundError) as exc:
+        _bad_input(str(exc))
+    except (EngineError, RuntimeError, OSError) as exc:
+        typer.echo(f"error: {' '.join(str(exc).split()) or type(exc).__name__}", err=True)
+        raise typer.Exit(EXIT_VIOLATION) from None
+
+    audit = result.audit
+    table = Table(title=f"L2 canary audit ({mode}): {audit['canaries']['n_members']} members, "
+                        f"{audit['canaries']['n_nonmembers']} non-members")
+    fpr = options.fprs[0]
+    for column in ("attack", "ROC-AUC [95% CI]", "PR-AUC [95% CI]", f"TPR@{fpr:g} FPR", "Cohen's d",
+                   "one-run eps_lb", "GDP eps (estimate)"):
+        table.add_column(column)
+    for name, attack in audit["attacks"].items():
+        if not attack.get("available"):
+            table.add_row(name, "unavailable", "", "", "", "", "")
+        elif "auc" not in attack:
+            table.add_row(name, "-", "-", "-", "-", _fmt(attack["one_run"]["epsilon"]), "-")
+        else:
+            tpr = attack["tpr_at_fpr"][0]["tpr"]
+            table.add_row(name, _interval_text(attack["auc"]), _interval_text(attack["pr_auc"]),
+                          "n/a" if tpr is None else f"{tpr:.2f}",
+                          f"{attack['cohens_d']['estimate']:.2f} ({attack['magnitude']})",
+                          _fmt(attack["one_run"]["epsilon"]), _fmt(attack["gdp_estimate"]["epsilon"]))
+    console.print(table)
+    leakage, claim = audit["leakage"], audit["claim"]
+    claimed = "none (unsafe mode)" if claim["epsilon"] is None else _fmt(claim["epsilon"])
+    gdp = audit["gdp_estimate"]
+    ceiling = audit.get("eps_lb", {}).get("ceiling")
+    console.print(f"claimed epsilon {claimed} (delta {claim['delta']:.2g}); eps_lb {_fmt(result.eps_lb)} "
+                  f"({1 - alpha:.0%} one-run lower bound; a perfect attack would show {_fmt(ceiling)}); "
+                  f"Gaussian-DP estimate {_fmt(gdp['epsilon']) if gdp else '-'} (not a bound)",
+                  markup=False, highlight=False)
+    console.print(f"secrets verbatim in the release: {leakage['prompt_text']['verbatim_members']} member(s), "
+                  f"{leakage['prompt_text']['verbatim_nonmembers']} non-member(s); extracted: "
+                  f"{leakage['extraction']['extracted_members']} member(s), "
+                  f"{leakage['extraction']['extracted_nonmembers']} non-member(s)", markup=False, highlight=False)
+    console.print(f"verdict: {result.verdict}", markup=False, highlight=False)
+    console.print(f"run directory: {result.run_dir} (audit.json, report.md); took {result.seconds:.0f} s",
+                  markup=False, highlight=False, soft_wrap=True)
+    if result.violation or (mode == "unsafe" and require_leak and not result.leak_detected):
         raise typer.Exit(EXIT_VIOLATION)
 
 

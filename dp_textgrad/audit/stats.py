@@ -172,6 +172,29 @@ def _auc_rows(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
     return (ranks[:, :n1].sum(axis=1) - n1 * (n1 + 1) / 2) / (n1 * n2)
 
 
+def _pr_auc_rows(members: np.ndarray, nonmembers: np.ndarray) -> np.ndarray:
+    """Average precision of each row pair, as scikit-learn computes it (vectorised).
+
+    AP = sum over distinct thresholds of (R_n - R_{n-1}) P_n: every member contributes
+    1 / n_members times the precision at the lowest score of its tie group.
+    """
+    n1 = members.shape[1]
+    scores = np.concatenate([members, nonmembers], axis=1)
+    labels = np.concatenate([np.ones_like(members), np.zeros_like(nonmembers)], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    ranked = np.take_along_axis(scores, order, axis=1)
+    hits = np.take_along_axis(labels, order, axis=1)
+    n = ranked.shape[1]
+    positions = np.arange(n)
+    is_end = np.ones_like(ranked, dtype=bool)
+    is_end[:, :-1] = ranked[:, :-1] != ranked[:, 1:]
+    # The last position of each tie group: the first group end at or after each position.
+    ends = np.minimum.accumulate(np.where(is_end, positions, n)[:, ::-1], axis=1)[:, ::-1]
+    true_positives = np.take_along_axis(np.cumsum(hits, axis=1), ends, axis=1)
+    precision = true_positives / (ends + 1)
+    return (hits * precision).sum(axis=1) / n1
+
+
 def _row_statistic(statistic: Statistic) -> tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
     """A function of (resamples x members, resamples x non-members) -> one value per resample."""
     if callable(statistic):
@@ -184,7 +207,7 @@ def _row_statistic(statistic: Statistic) -> tuple[str, Callable[[np.ndarray, np.
     if statistic == "cohens_d":
         return "cohens_d", _cohens_d_rows
     if statistic == "pr_auc":
-        return "pr_auc", lambda m, n: np.array([pr_auc(a, b) for a, b in zip(m, n)])
+        return "pr_auc", _pr_auc_rows
     raise ValueError(f"statistic: use 'auc', 'pr_auc', 'mean_difference', 'cohens_d' or a function, got {statistic!r}")
 
 
