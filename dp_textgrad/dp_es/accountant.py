@@ -488,11 +488,15 @@ class PldAccountant(Accountant):
     Each distinct part is turned into a PLD once (by dp-accounting's own PLDAccountant,
     extended to our pure-DP events) and self-composed ``count`` times here, so the
     count of every event is honoured whatever dp-accounting does with it. Building a
-    subsampled-Gaussian PLD is the slow step (a Python loop over ~1e5 points), so built
-    PLDs are memoised per instance; this does not change any result.
+    subsampled-Gaussian PLD is the slow step (seconds: a Python loop over ~1e5 points),
+    so built PLDs are memoised, shared by all instances in the process (a calibration
+    and the ledger of the run it calibrated build the same PLDs). PLDs are immutable
+    values and the key is the event's full repr, so this does not change any result.
     """
 
     _CACHE_LIMIT = 128
+    # Process-wide memo of pure results: (discretization, event type, repr, count) -> PLD.
+    _shared: dict[tuple[float, str, str, int], tuple[pld_lib.PrivacyLossDistribution, bool]] = {}
 
     def __init__(self, value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION) -> None:
         if not (isinstance(value_discretization_interval, numbers.Real) and 0 < value_discretization_interval < 1):
@@ -501,15 +505,17 @@ class PldAccountant(Accountant):
             )
         self.value_discretization_interval = float(value_discretization_interval)
         self.name = "pld"
-        self._built: dict[tuple[str, str, int], tuple[pld_lib.PrivacyLossDistribution, bool]] = {}
 
     def supports(self, event: dpe.DpEvent) -> bool:
         return _ExtendedPldAccountant(self.value_discretization_interval).supports(event)
 
     def _build(self, atom: dpe.DpEvent, count: int) -> tuple[pld_lib.PrivacyLossDistribution, bool]:
         """PLD of ``count`` runs of ``atom`` and whether it is non-private (memoised)."""
-        key = (f"{type(atom).__module__}.{type(atom).__qualname__}", repr(atom), count)
-        if key not in self._built:
+        key = (self.value_discretization_interval, f"{type(atom).__module__}.{type(atom).__qualname__}",
+               repr(atom), count)
+        cache = PldAccountant._shared
+        built = cache.get(key)
+        if built is None:
             # A plain Gaussian run `count` times is one Gaussian with z / sqrt(count), which
             # dp-accounting builds exactly. Its build time grows like 1/sigma (~10 s at
             # sigma = 0.05), so for small merged sigmas self-compose the single PLD instead
@@ -524,10 +530,10 @@ class PldAccountant(Accountant):
                 accountant = _ExtendedPldAccountant(self.value_discretization_interval)
                 accountant.compose(atom, count)
                 built = (accountant._pld, accountant._contains_non_dp_event)
-            if len(self._built) >= self._CACHE_LIMIT:
-                self._built.clear()
-            self._built[key] = built
-        return self._built[key]
+            if len(cache) >= self._CACHE_LIMIT:
+                cache.clear()
+            cache[key] = built
+        return built
 
     def epsilon(self, events: Sequence[dpe.DpEvent], delta: float) -> float:
         delta = _check_delta(delta)
