@@ -1,0 +1,567 @@
+"""Accounting tightness: what the library's choice of bound saves over the classic theorems.
+
+For each schedule below and each selection mechanism it uses, the benchmark
+
+1. calibrates the run the way a user's run is calibrated (``RunPlan.from_config``:
+   noise multiplier z for Gaussian scoring, per-pick epsilon0 for exponential
+   top-k selection) to each budget epsilon;
+2. reads that calibrated run's whole-run event (``RunPlan.whole_run_event``) with
+   every accountant the ledger has -- basic composition, advanced composition
+   (Dwork-Rothblum-Vadhan ``drv`` and Kairouz-Oh-Viswanath ``kov``), RDP and PLD --
+   and with the ledger's own choice, the smallest of them (``PrivacyLedger.bounds_with``);
+3. calibrates the same schedule under each accountant on its own, for epsilon in
+   ``NOISE_TARGETS``: the noise (z) or the epsilon0 that accountant alone would need.
+
+Targets (issue 6): at the calibrated mechanism, the library's epsilon is at most
+0.5x the basic-composition epsilon and at most 0.8x the better advanced-composition
+epsilon, min(drv, kov).
+
+Schedules (``SCHEDULES``; edit the list to change them). delta is always the
+library's default min(1e-5, 1/(10 N)); feedback_noise_ratio is the default 3; the
+final selection is the default 'last' (free):
+
+* ``demo``: ``dp-textgrad demo`` with its defaults: the built-in support task with
+  N = 1500 private records, T = 4 generations, K = 5 candidates, k = 2 parents,
+  q = 100/N (about 100 records per generation), epsilon = 4, Gaussian scoring with
+  DP confusion-matrix feedback.
+* ``library_default``: ``DPESConfig()`` defaults (DESIGN.md): T = 6, K = 6, k = 2,
+  q = min(1, 150/N), epsilon = 4, Gaussian scoring with DP feedback; N = 1500 as in the
+  demo.
+* ``sst2_n2000``, ``sst2_n20000``, ``banking10_n1592``: the privacy-utility benchmark
+  schedules (``benchmarks/privacy_utility.py``): T = 3, K = 4, k = 2, about 24 records
+  per generation (q = 24/N),
+  epsilon in {1, 2, 4, 8}; selection 'gaussian' (feedback 'dp_confusion') and
+  'exponential' (feedback 'none').
+
+How each accountant reads a Poisson-subsampled Gaussian generation. RDP and PLD read
+the subsampled Gaussian directly. Basic and advanced composition need a per-step
+(eps_i, delta_i): the library gives each of the m approximate-DP steps (here m = T: the
+T - 1 generations whose scores and feedback share one subsample, merged into one
+Gaussian with z_eff = (1/z^2 + 1/z_fb^2)^(-1/2), and the last generation's scores alone)
+delta_i = delta/m under basic composition, and delta_i = delta/(2m) under DRV and KOV,
+which keep delta/2 as composition slack; eps_i is then the tight one-step epsilon of the
+subsampled Gaussian at delta_i (the smaller of the one-step PLD and RDP bounds). A pure
+selection (Gumbel top-k of k picks on a Poisson subsample) is one step per generation of
+the amplified pure epsilon ln(1 + q (e^(k eps0) - 1)), with delta_i = 0.
+
+The per-accountant calibration is a bracketed root search (Brent's method on log
+epsilon against log parameter) with the accountant alone, first with a cheaper
+pessimistic copy (PLD grid 1e-3 instead of 1e-4, integer RDP orders) for a start,
+then with the accountant itself. The returned parameter always satisfies the target
+under that accountant, and the exact crossing lies within a relative ``--rtol``
+(default 1e-3; 1e-6 for the cheap exponential-selection searches) of it. The library's
+column is ``RunPlan.from_config`` itself.
+
+Output (``--output``, default ``benchmarks/results/accounting.json``)::
+
+    targets          {"library_over_basic_max": 0.5, "library_over_advanced_max": 0.8}
+    accountants      column order: basic, drv, kov, rdp, pld, library
+    schedules[]      name, description, dataset_size, budgets, selections
+    cases[]          one per (schedule, selection):
+      config           the resolved schedule (delta, q, T, K, k, feedback, ...)
+      parameter        "noise_multiplier" (gaussian) or "selection_epsilon" (exponential)
+      side_by_side[]   per budget epsilon: library_parameter (calibrated), epsilons
+                       {accountant: epsilon of that run}, library_accountant (the bound
+                       the ledger uses), ratio_library_over_basic,
+                       ratio_library_over_advanced, advanced_accountant,
+                       meets_basic_target, meets_advanced_target, in_schedule (the
+                       budget is one of the schedule's; otherwise a noise target only)
+      noise[]          per target epsilon: parameters {accountant: calibrated value},
+                       epsilon_reached {accountant: its bound at that value},
+                       parameter_over_library {accountant: value / library value}
+      seconds
+    summary          cases checked, misses (schedule, selection, epsilon, which target),
+                     worst ratios
+    rtol, rtol_exponential, seconds, machine, date, command, code_version
+
+    python benchmarks/accounting.py                  # every schedule (several minutes)
+    python benchmarks/accounting.py --quick --output smoke.json
+    python benchmarks/accounting.py --schedule demo --markdown
+    python benchmarks/accounting.py --tables-from benchmarks/results/accounting.json --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
+
+from scipy.optimize import brentq  # noqa: E402
+
+from dp_textgrad.dp_es.accountant import (  # noqa: E402
+    Accountant,
+    AdvancedCompositionAccountant,
+    BasicCompositionAccountant,
+    PldAccountant,
+    PrivacyLedger,
+    RdpAccountant,
+)
+from dp_textgrad.dp_es.config import DPESConfig  # noqa: E402
+from dp_textgrad.dp_es.controller import RunPlan  # noqa: E402
+
+DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "accounting.json"
+ACCOUNTANTS = ("basic", "drv", "kov", "rdp", "pld")
+COLUMNS = ACCOUNTANTS + ("library",)
+TARGET_OVER_BASIC = 0.5
+TARGET_OVER_ADVANCED = 0.8
+NOISE_TARGETS = (1.0, 4.0, 8.0)
+QUICK_SCHEDULE = "sst2_n20000"
+QUICK_TARGETS = (1.0, 2.0)
+PURE_RTOL = 1e-6  # relative tolerance of the (cheap) exponential-selection searches
+# Cheaper pessimistic copies used only to find a starting point for the exact search.
+_COARSE_PLD_INTERVAL = 1e-3
+_COARSE_RDP_ORDERS = tuple(float(a) for a in range(2, 65)) + (80.0, 96.0, 128.0, 256.0, 512.0)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A run schedule: DPESConfig fields (besides epsilon and selection) and the private set size N."""
+
+    name: str
+    description: str
+    dataset_size: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    budgets: tuple[float, ...] = (4.0,)
+    selections: tuple[str, ...] = ("gaussian",)
+
+    def config(self, selection: str, epsilon: float) -> DPESConfig:
+        feedback = "dp_confusion" if selection == "gaussian" else "none"
+        settings = {"feedback": feedback, **self.settings}
+        return DPESConfig(epsilon=epsilon, selection=selection, **settings).resolved(self.dataset_size)
+
+
+def _benchmark_schedule(name: str, dataset: str, n: int) -> Schedule:
+    return Schedule(
+        name,
+        f"privacy-utility benchmark, {dataset} with N = {n}: T = 3, K = 4, k = 2, q = 24/N",
+        n,
+        {"generations": 3, "population": 4, "parents": 2, "sampling_rate": min(1.0, 24 / n)},
+        budgets=(1.0, 2.0, 4.0, 8.0),
+        selections=("gaussian", "exponential"),
+    )
+
+
+SCHEDULES: list[Schedule] = [
+    Schedule(
+        "demo",
+        "`dp-textgrad demo` defaults: built-in support task, N = 1500, T = 4, K = 5, k = 2, q = 100/N, epsilon 4",
+        1500,
+        {"generations": 4, "population": 5, "parents": 2, "sampling_rate": 100 / 1500},
+    ),
+    Schedule(
+        "library_default",
+        "DPESConfig defaults (DESIGN.md): T = 6, K = 6, k = 2, q = min(1, 150/N), epsilon 4; N = 1500",
+        1500,
+        {},
+    ),
+    _benchmark_schedule("sst2_n2000", "SST-2", 2000),
+    _benchmark_schedule("sst2_n20000", "SST-2", 20000),
+    _benchmark_schedule("banking10_n1592", "BANKING77 (10 intents)", 1592),
+]
+
+
+# --------------------------------------------------------------------------- search
+
+
+class CalibrationFailed(RuntimeError):
+    pass
+
+
+def solve(fn: Callable[[float], float], target: float, start: float, *, increasing: bool, rtol: float,
+          step: float = 1.25) -> float:
+    """A parameter x with fn(x) <= target whose crossing fn = target lies within a factor 1 + rtol of x.
+
+    ``fn`` is monotone in x > 0 (increasing: epsilon0; decreasing: noise multiplier) and may
+    be inf. The search brackets the crossing from ``start`` with factors ``step``,
+    ``step**2``, ..., runs Brent's method on log fn against log x, and then steps back to
+    the side that fits, so the returned value is always verified.
+    """
+    cache: dict[float, float] = {}
+
+    def value(x: float) -> float:
+        if x not in cache:
+            cache[x] = float(fn(x))
+        return cache[x]
+
+    def fits(x: float) -> bool:
+        return value(x) <= target
+
+    def safer(x: float, factor: float) -> float:  # less privacy loss
+        return x / factor if increasing else x * factor
+
+    def riskier(x: float, factor: float) -> float:
+        return x * factor if increasing else x / factor
+
+    factor = step
+    if fits(start):
+        good, bad = start, riskier(start, factor)
+        while fits(bad):
+            factor *= factor
+            good, bad = bad, riskier(bad, factor)
+            if not 1e-9 < bad < 1e9:
+                raise CalibrationFailed(f"target {target:g} is met at every parameter value")
+    else:
+        bad, good = start, safer(start, factor)
+        while not fits(good):
+            factor *= factor
+            bad, good = good, safer(good, factor)
+            if not 1e-9 < good < 1e9:
+                raise CalibrationFailed(f"target {target:g} is not met at any parameter value")
+    while not math.isfinite(value(bad)):  # Brent's method needs finite values at both ends
+        middle = math.sqrt(good * bad)
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+        if abs(math.log(bad / good)) <= rtol:
+            return good
+    if abs(math.log(bad / good)) <= rtol:
+        return good
+
+    def gap(u: float) -> float:
+        return math.log(max(value(math.exp(u)), 1e-300)) - math.log(target)
+
+    lo, hi = sorted((math.log(good), math.log(bad)))
+    u = brentq(gap, lo, hi, xtol=rtol / 4)
+    # u is within rtol/4 of the crossing; step toward safety until the value fits.
+    shift = rtol / 2
+    x = safer(math.exp(u), math.exp(shift))
+    while not fits(x):
+        shift *= 2.0
+        x = safer(math.exp(u), math.exp(shift))
+        if (x <= good) if increasing else (x >= good):  # reached the verified end
+            return good
+    return x
+
+
+# --------------------------------------------------------------------------- one case
+
+
+def _named(accountants: Sequence[Accountant]) -> dict[str, Accountant]:
+    return {a.name: a for a in accountants}
+
+
+def _coarse_accountants() -> dict[str, Accountant]:
+    rdp, pld = RdpAccountant(orders=_COARSE_RDP_ORDERS), PldAccountant(_COARSE_PLD_INTERVAL)
+    return _named([
+        rdp, pld,
+        AdvancedCompositionAccountant("drv", pld=pld, rdp=rdp),
+        AdvancedCompositionAccountant("kov", pld=pld, rdp=rdp),
+        BasicCompositionAccountant(pld=pld, rdp=rdp),
+    ])
+
+
+def _ratio(a: float, b: float) -> float | None:
+    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+        return None
+    return a / b
+
+
+def run_case(schedule: Schedule, selection: str, budgets: Sequence[float], noise_targets: Sequence[float],
+             rtol: float, log: Callable[[str], None]) -> dict[str, Any]:
+    started = time.perf_counter()
+    gaussian = selection == "gaussian"
+    parameter = "noise_multiplier" if gaussian else "selection_epsilon"
+    targets = sorted(set(budgets) | set(noise_targets))
+    base = schedule.config(selection, targets[0])
+    delta = float(base.delta)
+    # The ledger a run of this schedule builds: its accountants are the exact columns.
+    ledger = PrivacyLedger(epsilon_budget=max(targets), delta=delta)
+    exact = _named(ledger.accountants)
+    coarse = _coarse_accountants()
+
+    def event(x: float):
+        if gaussian:
+            return RunPlan.whole_run_event(base, noise_multiplier=x)
+        return RunPlan.whole_run_event(base, selection_epsilon=x)
+
+    def epsilon_of(accountant: Accountant) -> Callable[[float], float]:
+        return lambda x: accountant.epsilon([event(x)], delta)
+
+    library: dict[float, float] = {}
+    side_by_side = []
+    for target in targets:
+        t0 = time.perf_counter()
+        plan = RunPlan.from_config(DPESConfig(**{**base.model_dump(), "epsilon": target}))
+        value = plan.noise_multiplier if gaussian else plan.selection_epsilon
+        library[target] = float(value)
+        bounds = ledger.bounds_with(plan.event)
+        chosen = min(bounds, key=lambda name: bounds[name])
+        epsilons = {name: bounds[name] for name in ACCOUNTANTS}
+        epsilons["library"] = bounds[chosen]
+        advanced = min(("drv", "kov"), key=lambda name: bounds[name])
+        over_basic = _ratio(epsilons["library"], epsilons["basic"])
+        over_advanced = _ratio(epsilons["library"], epsilons[advanced])
+        side_by_side.append({
+            "epsilon_target": target,
+            "in_schedule": target in budgets,
+            "library_parameter": library[target],
+            "epsilons": epsilons,
+            "library_accountant": chosen,
+            "advanced_accountant": advanced,
+            "ratio_library_over_basic": over_basic,
+            "ratio_library_over_advanced": over_advanced,
+            "meets_basic_target": over_basic is not None and over_basic <= TARGET_OVER_BASIC,
+            "meets_advanced_target": over_advanced is not None and over_advanced <= TARGET_OVER_ADVANCED,
+        })
+        log(f"  {schedule.name}/{selection} eps={target:g}: library {parameter}={value:.5g} "
+            f"({chosen}), {time.perf_counter() - t0:.1f}s")
+
+    noise = []
+    for target in noise_targets:
+        t0 = time.perf_counter()
+        parameters: dict[str, float | None] = {}
+        reached: dict[str, float | None] = {}
+        chosen = next(row["library_accountant"] for row in side_by_side if row["epsilon_target"] == target)
+        for name in ACCOUNTANTS:
+            try:
+                if not gaussian:  # pure parts are cheap to account: search precisely
+                    value = solve(epsilon_of(exact[name]), target, library[target], increasing=True,
+                                  rtol=PURE_RTOL)
+                else:
+                    # PLD builds at a 1e-4 grid are slow: start from the coarse accountant's answer
+                    # (or, for the bound the ledger chose, from the library's value, whose PLDs
+                    # are already built), with a first step inside the tolerance, so that the
+                    # exact accountant is usually evaluated only twice.
+                    start = library[target]
+                    if name != chosen:
+                        start = solve(epsilon_of(coarse[name]), target, start, increasing=False, rtol=rtol / 4)
+                    value = solve(epsilon_of(exact[name]), target, start, increasing=False, rtol=rtol,
+                                  step=1.0 + 0.9 * rtol)
+            except CalibrationFailed as exc:
+                log(f"  {schedule.name}/{selection} eps={target:g} {name}: {exc}")
+                parameters[name] = reached[name] = None
+                continue
+            parameters[name] = value
+            reached[name] = float(exact[name].epsilon([event(value)], delta))
+        parameters["library"] = library[target]
+        reached["library"] = next(row["epsilons"]["library"] for row in side_by_side if row["epsilon_target"] == target)
+        noise.append({
+            "epsilon_target": target,
+            "parameters": parameters,
+            "epsilon_reached": reached,
+            "parameter_over_library": {name: (None if v is None else v / library[target])
+                                       for name, v in parameters.items()},
+        })
+        log(f"  {schedule.name}/{selection} eps={target:g}: per-accountant calibration "
+            f"{time.perf_counter() - t0:.1f}s")
+
+    config = base.model_dump(include={"delta", "generations", "population", "parents", "sampling_rate",
+                                      "selection", "feedback", "feedback_noise_ratio", "final_selection"})
+    config["dataset_size"] = schedule.dataset_size
+    config["expected_records_per_generation"] = base.sampling_rate * schedule.dataset_size
+    return {
+        "schedule": schedule.name,
+        "selection": selection,
+        "config": config,
+        "parameter": parameter,
+        "side_by_side": side_by_side,
+        "noise": noise,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def summarise(cases: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    rows = [(case, row) for case in cases for row in case["side_by_side"] if row["in_schedule"]]
+    misses = []
+    for case, row in rows:
+        for key, label in (("meets_basic_target", "library <= 0.5x basic"),
+                           ("meets_advanced_target", "library <= 0.8x advanced")):
+            if not row[key]:
+                misses.append({"schedule": case["schedule"], "selection": case["selection"],
+                               "epsilon": row["epsilon_target"], "target": label,
+                               "ratio": row["ratio_library_over_basic" if key == "meets_basic_target"
+                                            else "ratio_library_over_advanced"]})
+
+    def worst(key: str) -> float | None:
+        values = [row[key] for _, row in rows if row[key] is not None]
+        return max(values) if values else None
+
+    return {
+        "rows_checked": len(rows),
+        "rows_meeting_both_targets": sum(row["meets_basic_target"] and row["meets_advanced_target"] for _, row in rows),
+        "worst_ratio_library_over_basic": worst("ratio_library_over_basic"),
+        "worst_ratio_library_over_advanced": worst("ratio_library_over_advanced"),
+        "misses": misses,
+    }
+
+
+def _fmt(x: float | str | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):  # a non-finite value read back from JSON
+        return x
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.{digits}g}"
+
+
+def tables(cases: Sequence[dict[str, Any]], markdown: bool) -> str:
+    """The two tables (epsilon side by side; parameter per accountant) as text or markdown."""
+
+    def render(header: list[str], rows: list[list[str]]) -> list[str]:
+        if markdown:
+            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            return lines + ["| " + " | ".join(r) + " |" for r in rows]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        out = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+        return out + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+
+    header = ["schedule", "selection", "epsilon", "param", *COLUMNS, "lib/basic", "lib/adv", "targets"]
+    rows = []
+    for case in cases:
+        for row in case["side_by_side"]:
+            if not row["in_schedule"]:
+                continue
+            verdict = ("met" if row["meets_basic_target"] and row["meets_advanced_target"] else
+                       "MISS " + ",".join(n for n, k in (("basic", "meets_basic_target"), ("adv", "meets_advanced_target"))
+                                          if not row[k]))
+            eps = row["epsilons"]
+            rows.append([case["schedule"], case["selection"], _fmt(row["epsilon_target"]),
+                         ("z=" if case["parameter"] == "noise_multiplier" else "eps0=") + _fmt(row["library_parameter"]),
+                         *(_fmt(eps[c]) for c in ACCOUNTANTS), f"{_fmt(eps['library'])} ({row['library_accountant']})",
+                         _fmt(row["ratio_library_over_basic"], 3),
+                         f"{_fmt(row['ratio_library_over_advanced'], 3)} ({row['advanced_accountant']})", verdict])
+    out = ["Epsilon of the library-calibrated run under each accountant "
+           f"(targets: lib/basic <= {TARGET_OVER_BASIC}, lib/adv <= {TARGET_OVER_ADVANCED}):", ""]
+    out += render(header, rows)
+    header = ["schedule", "selection", "epsilon", "param", *COLUMNS]
+    rows = []
+    for case in cases:
+        name = "z" if case["parameter"] == "noise_multiplier" else "eps0"
+        for row in case["noise"]:
+            rows.append([case["schedule"], case["selection"], _fmt(row["epsilon_target"]), name,
+                         *(_fmt(row["parameters"][c]) for c in COLUMNS)])
+    out += ["", "Parameter each accountant needs on its own for the target epsilon "
+            "(z: noise multiplier, larger = more noise; eps0: per-pick epsilon, smaller = more noise):", ""]
+    out += render(header, rows)
+    return "\n".join(out)
+
+
+def code_version() -> str:
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def machine() -> dict[str, Any]:
+    from importlib import metadata
+
+    try:
+        dp_accounting_version = metadata.version("dp-accounting")
+    except metadata.PackageNotFoundError:
+        dp_accounting_version = "unknown"
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "dp_accounting": dp_accounting_version,
+    }
+
+
+def _json_float(x: Any) -> Any:
+    """Strict JSON: non-finite floats as strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _json_float(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_json_float(v) for v in x]
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke mode: schedule {QUICK_SCHEDULE} only, epsilon {', '.join(map(str, QUICK_TARGETS))}")
+    parser.add_argument("--schedule", action="append", choices=[s.name for s in SCHEDULES],
+                        help="run only this schedule (repeatable; default: all)")
+    parser.add_argument("--rtol", type=float, default=1e-3,
+                        help="relative tolerance of the per-accountant calibration (default 1e-3)")
+    parser.add_argument("--markdown", action="store_true", help="print the tables as markdown")
+    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="where to write the JSON results")
+    parser.add_argument("--tables-from", metavar="JSON", default=None,
+                        help="only print the tables of an earlier results file (nothing is computed or written)")
+    args = parser.parse_args(argv)
+    if args.tables_from:
+        saved = json.loads(Path(args.tables_from).read_text(encoding="utf-8"), parse_float=float)
+        print(tables(saved["cases"], args.markdown))
+        return 0
+    if not 0 < args.rtol < 0.1:
+        parser.error("--rtol must be in (0, 0.1)")
+
+    names = args.schedule or ([QUICK_SCHEDULE] if args.quick else [s.name for s in SCHEDULES])
+    schedules = [s for s in SCHEDULES if s.name in names]
+    started = time.perf_counter()
+    cases = []
+    for schedule in schedules:
+        budgets = schedule.budgets
+        noise_targets = NOISE_TARGETS
+        if args.quick:
+            budgets = tuple(b for b in budgets if b in QUICK_TARGETS) or QUICK_TARGETS[:1]
+            noise_targets = QUICK_TARGETS
+        for selection in schedule.selections:
+            cases.append(run_case(schedule, selection, budgets, noise_targets, args.rtol,
+                                  lambda line: print(line, file=sys.stderr, flush=True)))
+
+    result = {
+        "benchmark": "accounting",
+        "targets": {"library_over_basic_max": TARGET_OVER_BASIC, "library_over_advanced_max": TARGET_OVER_ADVANCED},
+        "accountants": list(COLUMNS),
+        "schedules": [{"name": s.name, "description": s.description, "dataset_size": s.dataset_size,
+                       "budgets": list(s.budgets), "selections": list(s.selections)} for s in schedules],
+        "quick": args.quick,
+        "rtol": args.rtol,
+        "rtol_exponential": PURE_RTOL,
+        "cases": cases,
+        "summary": summarise(cases),
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": machine(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(shlex.quote(a) for a in
+                                        ["benchmarks/accounting.py", *(argv if argv is not None else sys.argv[1:])]),
+        "code_version": code_version(),
+    }
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = out.with_name(out.name + ".tmp")
+    scratch.write_text(json.dumps(_json_float(result), indent=2) + "\n", encoding="utf-8")
+    os.replace(scratch, out)
+
+    print(tables(cases, args.markdown))
+    summary = result["summary"]
+    print()
+    print(f"{summary['rows_meeting_both_targets']} of {summary['rows_checked']} schedule budgets meet both targets; "
+          f"worst lib/basic {_fmt(summary['worst_ratio_library_over_basic'], 3)}, "
+          f"worst lib/adv {_fmt(summary['worst_ratio_library_over_advanced'], 3)}; {result['seconds']:.0f} s")
+    for miss in summary["misses"]:
+        print(f"  miss: {miss['schedule']} {miss['selection']} epsilon {miss['epsilon']:g}: "
+              f"{miss['target']} (ratio {_fmt(miss['ratio'], 3)})")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,599 @@
+"""Privacy-utility benchmark: DP-ES against non-private optimizers on the local engine.
+
+Every method gets the same engine (local Gemma 270M, llama.cpp, one thread), the same
+seed prompt and the same schedule of LLM work: ``generations`` rounds of
+``population`` candidates, each scored on about ``records`` private records
+(Poisson rate q = records / N). Methods:
+
+* ``seed``: the task's seed prompt, unoptimized (evaluated once per regime);
+* ``nonprivate``: the same DP-ES code with ``privacy='off'`` (exact scores, no noise);
+* ``tgd``: TextGrad's own ``TextualGradientDescent`` with raw textual feedback on raw
+  private records, as users run it today (``generations`` steps of ``tgd_minibatch``
+  records, each update kept only if it does not score worse on ``records`` fresh
+  private records: TextGrad's validate-and-revert recipe);
+* ``dp_gaussian_eps{E}``: DP-ES, Gaussian noisy scores (+ DP confusion-matrix feedback);
+* ``dp_exponential_eps{E}``: DP-ES, exponential-mechanism (one-shot Gumbel) top-k.
+
+DP runs use delta = min(1e-5, 1/(10 N)); their noise is calibrated to spend at most
+(E, delta) on the whole run under the tightest valid accountant.
+
+Regimes: ``sst2_n2000`` (2,000 private records drawn from SST-2 ``train.tsv``, test on
+``dev.tsv``), ``sst2_n20000`` and ``banking10`` (BANKING77 restricted to the 10 intents
+fixed in ``dp_textgrad.tasks.registry``). Data come from ``$DP_TEXTGRAD_DATA`` or
+``../shared/data`` beside the repository and are never copied.
+
+Runs are appended one JSON line each to ``<work-dir>/runs.jsonl`` (released prompts
+stay there, uncommitted), so an interrupted grid resumes where it stopped. The
+summary (``benchmarks/results/privacy_utility.json``) and the plots in ``docs/img``
+are rebuilt from that file::
+
+    python benchmarks/privacy_utility.py                       # the documented grid, resumable
+    python benchmarks/privacy_utility.py --summarise-only      # rebuild JSON and plots
+    python benchmarks/privacy_utility.py --plan smoke --work-dir /tmp/pu --output /tmp/pu.json --no-plots
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "privacy_utility.json"
+DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "privacy_utility"
+DEFAULT_IMG_DIR = REPO_ROOT / "docs" / "img"
+EPSILONS = (1.0, 2.0, 4.0, 8.0)
+TARGETS = {"sst2_n2000": {4.0: 0.95, 1.0: 0.75}}  # retained gain targets (issue 6)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The LLM work every method gets (documented in docs/benchmarks.md)."""
+
+    generations: int = 3
+    population: int = 4
+    parents: int = 2
+    records: int = 24  # expected private records scored per candidate per generation
+    n_test: int = 200
+    tgd_minibatch: int = 2
+    tgd_max_tokens: int = 96
+
+
+@dataclass(frozen=True)
+class Job:
+    regime: str
+    method: str
+    seed: int
+    trace: bool = False  # evaluate every generation's best prompt on the test split
+
+    @property
+    def key(self) -> str:
+        return f"{self.regime}/{self.method}/{self.seed}"
+
+
+@dataclass
+class RunRecord:
+    regime: str
+    method: str
+    seed: int
+    epsilon_target: float | None
+    epsilon_spent: float | None
+    delta: float | None
+    dataset_size: int
+    test_accuracy: float
+    n_test: int
+    released_prompt: str
+    engine_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    engine_seconds: float
+    wall_seconds: float
+    setup_seconds: float = 0.0  # building the optimizer: noise calibration, memoised per schedule
+    noise_multiplier: float | None = None
+    selection_epsilon: float | None = None
+    per_generation: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------
+# the grid
+
+
+def dp_methods(epsilons: Iterable[float] = EPSILONS) -> list[str]:
+    return [f"dp_{kind}_eps{e:g}" for kind in ("gaussian", "exponential") for e in epsilons]
+
+
+def plan_jobs(plan: str, seeds: int) -> list[Job]:
+    """Jobs in priority order: the main regime first, seed-major, so a partial grid covers every method."""
+    if plan == "smoke":
+        return [Job("smoke", m, 0, trace=(m == "nonprivate")) for m in ("seed", "nonprivate", "tgd", "dp_gaussian_eps4",
+                                                                    "dp_exponential_eps4")]
+    main = ["nonprivate", "tgd", *dp_methods()]
+    jobs = [Job("sst2_n2000", "seed", 0)]
+    for seed in range(seeds):
+        jobs += [Job("sst2_n2000", m, seed, trace=(seed == 0 and m in ("nonprivate", "dp_gaussian_eps4")))
+                 for m in main]
+    reduced = ["nonprivate", "dp_gaussian_eps1", "dp_gaussian_eps4", "dp_exponential_eps4"]
+    for regime in ("banking10", "sst2_n20000"):
+        jobs.append(Job(regime, "seed", 0))
+        for seed in range(seeds):
+            jobs += [Job(regime, m, seed) for m in reduced]
+    return jobs
+
+
+def build_regime(regime: str, schedule: Schedule, data_dir: str | None):
+    from dp_textgrad.tasks.registry import build_banking77, build_sst2
+
+    if regime == "sst2_n2000":
+        return build_sst2(data_dir, n_private=2000, n_test=schedule.n_test, seed=0)
+    if regime == "sst2_n20000":
+        return build_sst2(data_dir, n_private=20000, n_test=schedule.n_test, seed=0)
+    if regime == "banking10":
+        return build_banking77(data_dir, n_private=None, n_test=schedule.n_test, seed=0)
+    if regime == "smoke":
+        return build_sst2(data_dir, n_private=200, n_test=schedule.n_test, seed=0)
+    raise ValueError(f"regime: unknown {regime!r}")
+
+
+# ----------------------------------------------------------------------------------
+# running one job
+
+
+class AccuracyCache:
+    """Test accuracy per (regime, prompt): the same prompt is evaluated once."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, str], float] = {}
+
+    def get(self, regime: str, task, engine, prompt: str) -> float:
+        key = (regime, prompt)
+        if key not in self._values:
+            self._values[key] = task.accuracy(engine, prompt)
+        return self._values[key]
+
+
+def _usage(engine) -> dict[str, float]:
+    return engine.usage.as_dict()
+
+
+def _usage_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in ("calls", "prompt_tokens", "completion_tokens", "seconds")}
+
+
+def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
+    from dp_textgrad import DPEvolutionStrategy
+    from dp_textgrad._textgrad import import_textgrad
+
+    tg = import_textgrad()
+    n = len(task.private_train)
+    settings: dict[str, Any] = dict(generations=schedule.generations, population=schedule.population,
+                                    parents=schedule.parents, sampling_rate=min(1.0, schedule.records / n),
+                                    seed=job.seed)
+    epsilon_target = None
+    if job.method == "nonprivate":
+        settings.update(privacy="off")
+    elif job.method.startswith("dp_gaussian_eps"):
+        epsilon_target = float(job.method.removeprefix("dp_gaussian_eps"))
+        settings.update(epsilon=epsilon_target, selection="gaussian")
+    elif job.method.startswith("dp_exponential_eps"):
+        epsilon_target = float(job.method.removeprefix("dp_exponential_eps"))
+        settings.update(epsilon=epsilon_target, selection="exponential", feedback="none")
+    else:
+        raise ValueError(f"method: unknown {job.method!r}")
+    prompt = tg.Variable(task.seed_prompt, role_description="instruction prompt for the classifier",
+                         requires_grad=True)
+    before = _usage(engine)
+    started = time.perf_counter()
+    opt = DPEvolutionStrategy([prompt], task=task, engine=engine, **settings)  # calibrates (memoised per schedule)
+    setup_seconds = time.perf_counter() - started
+    per_generation: list[dict[str, Any]] = []
+    while opt.stopped_because is None:
+        report = opt.step()
+        if report is None:
+            break
+        row = {"generation": report.generation, "best_noisy_estimate": report.best_estimate,
+               "epsilon_spent": None if opt.ledger.unsafe else report.epsilon_spent}
+        if job.trace:
+            row["best_test_accuracy"] = cache.get(job.regime, task, engine, opt.population.get(report.best_candidate_id).text)
+        per_generation.append(row)
+    result = opt.finalise()
+    accuracy = cache.get(job.regime, task, engine, result.prompt)
+    wall = time.perf_counter() - started
+    used = _usage_delta(before, _usage(engine))
+    return RunRecord(
+        regime=job.regime, method=job.method, seed=job.seed, epsilon_target=epsilon_target,
+        epsilon_spent=None if result.unsafe else float(result.epsilon), delta=float(opt.config.delta),
+        dataset_size=n, test_accuracy=accuracy, n_test=len(task.test), released_prompt=result.prompt,
+        engine_calls=int(used["calls"]), prompt_tokens=int(used["prompt_tokens"]),
+        completion_tokens=int(used["completion_tokens"]), engine_seconds=float(used["seconds"]), wall_seconds=wall,
+        noise_multiplier=opt.noise_multiplier, selection_epsilon=opt.selection_epsilon,
+        per_generation=per_generation, setup_seconds=setup_seconds,
+        notes={"stopped_because": opt.stopped_because},
+    )
+
+
+def run_tgd(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
+    """TextGrad's TextualGradientDescent with raw feedback on raw private records (NOT private)."""
+    from dp_textgrad._textgrad import import_textgrad
+    from dp_textgrad.engines.base import EngineError
+
+    tg = import_textgrad()
+    rng = np.random.default_rng(job.seed)
+    private = [task.private_train[i].unwrap() for i in range(len(task.private_train))]  # a non-private baseline
+    names = {label: task.verbalizers[label].strip() for label in task.labels}
+
+    class Capped(tg.EngineLM):
+        """Our engine with a token cap: TextGrad asks for long answers a base model rambles through."""
+
+        def __init__(self, max_tokens: int) -> None:
+            self.max_tokens = max_tokens
+            self.model_string = f"capped-{max_tokens}"
+
+        def generate(self, prompt, system_prompt=None, **kwargs):
+            return engine.generate(prompt, system_prompt=system_prompt, max_tokens=self.max_tokens)
+
+        def __call__(self, prompt, **kwargs):
+            return self.generate(prompt, **kwargs)
+
+    answer_engine, feedback_engine = Capped(8), Capped(schedule.tgd_max_tokens)
+    prompt = tg.Variable(task.seed_prompt, requires_grad=True,
+                         role_description="instruction prompt placed before each input of a classifier")
+    optimizer = tg.TextualGradientDescent(engine=feedback_engine, parameters=[prompt])
+    model = tg.BlackboxLLM(answer_engine, system_prompt=prompt)
+
+    def exact_accuracy(text: str, indices: np.ndarray) -> float:
+        return task.accuracy(engine, text, [private[i] for i in indices])
+
+    before = _usage(engine)
+    started = time.perf_counter()
+    per_generation: list[dict[str, Any]] = []
+    failures: list[str] = []
+    accepted = 0
+    for step in range(schedule.generations):
+        batch = rng.choice(len(private), size=min(schedule.tgd_minibatch, len(private)), replace=False)
+        previous = prompt.value
+        try:
+            optimizer.zero_grad()
+            losses = []
+            for i in batch:
+                example = private[int(i)]
+                question = tg.Variable(task.render_record(example.text), requires_grad=False,
+                                       role_description="input to classify")
+                answer = model(question)
+                loss_fn = tg.TextLoss(f"The correct answer is '{names[example.label]}'. Say whether the answer "
+                                      "is correct and, briefly, how the instruction should change.",
+                                      engine=feedback_engine)
+                losses.append(loss_fn(answer))
+            tg.sum(losses).backward(feedback_engine)
+            optimizer.step()
+        except (IndexError, EngineError, ValueError) as exc:  # a base model often breaks TGD's output format
+            failures.append(f"step {step}: {type(exc).__name__}: {str(exc)[:160]}")
+            prompt.set_value(previous)
+        if prompt.value != previous:
+            validation = rng.choice(len(private), size=min(schedule.records, len(private)), replace=False)
+            if exact_accuracy(prompt.value, validation) < exact_accuracy(previous, validation):
+                prompt.set_value(previous)  # TextGrad's validate-and-revert recipe
+            else:
+                accepted += 1
+        row: dict[str, Any] = {"generation": step}
+        if job.trace:
+            row["best_test_accuracy"] = cache.get(job.regime, task, engine, prompt.value)
+        per_generation.append(row)
+    accuracy = cache.get(job.regime, task, engine, prompt.value)
+    wall = time.perf_counter() - started
+    used = _usage_delta(before, _usage(engine))
+    return RunRecord(
+        regime=job.regime, method=job.method, seed=job.seed, epsilon_target=None, epsilon_spent=None, delta=None,
+        dataset_size=len(private), test_accuracy=accuracy, n_test=len(task.test), released_prompt=prompt.value,
+        engine_calls=int(used["calls"]), prompt_tokens=int(used["prompt_tokens"]),
+        completion_tokens=int(used["completion_tokens"]), engine_seconds=float(used["seconds"]), wall_seconds=wall,
+        per_generation=per_generation,
+        notes={"failed_steps": failures, "accepted_updates": accepted, "steps": schedule.generations},
+    )
+
+
+def run_seed(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
+    before = _usage(engine)
+    started = time.perf_counter()
+    accuracy = cache.get(job.regime, task, engine, task.seed_prompt)
+    used = _usage_delta(before, _usage(engine))
+    return RunRecord(
+        regime=job.regime, method="seed", seed=job.seed, epsilon_target=None, epsilon_spent=0.0, delta=None,
+        dataset_size=len(task.private_train), test_accuracy=accuracy, n_test=len(task.test),
+        released_prompt=task.seed_prompt, engine_calls=int(used["calls"]), prompt_tokens=int(used["prompt_tokens"]),
+        completion_tokens=int(used["completion_tokens"]), engine_seconds=float(used["seconds"]),
+        wall_seconds=time.perf_counter() - started, notes={"evaluation only": True},
+    )
+
+
+def run_job(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
+    if job.method == "seed":
+        return run_seed(job, task, engine, schedule, cache)
+    if job.method == "tgd":
+        return run_tgd(job, task, engine, schedule, cache)
+    return run_dp_es(job, task, engine, schedule, cache)
+
+
+# ----------------------------------------------------------------------------------
+# work file (resumable) and summary
+
+
+def read_runs(path: Path) -> list[dict[str, Any]]:
+    from dp_textgrad._io import read_jsonl
+
+    return list(read_jsonl(path)) if path.is_file() else []
+
+
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    from scipy import stats
+
+    if len(values) < 2:
+        return None
+    mean, sem = float(np.mean(values)), float(stats.sem(values))
+    if sem == 0.0:
+        return (mean, mean)
+    low, high = stats.t.interval(level, len(values) - 1, loc=mean, scale=sem)
+    return (float(low), float(high))
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    regimes: dict[str, Any] = {}
+    for regime in sorted({r["regime"] for r in rows}):
+        in_regime = [r for r in rows if r["regime"] == regime]
+        methods: dict[str, Any] = {}
+        for method in sorted({r["method"] for r in in_regime}):
+            runs = [r for r in in_regime if r["method"] == method]
+            accuracies = [r["test_accuracy"] for r in runs]
+            wall = [r["wall_seconds"] for r in runs]
+            engine_s = [r["engine_seconds"] for r in runs]
+            setup = float(sum(r.get("setup_seconds", 0.0) for r in runs))
+            methods[method] = {
+                "seeds": sorted(r["seed"] for r in runs),
+                "accuracy_mean": float(np.mean(accuracies)),
+                "accuracy_ci95": t_interval(accuracies),
+                "accuracies": accuracies,
+                "epsilon_spent_mean": (float(np.mean([r["epsilon_spent"] for r in runs]))
+                                       if all(r["epsilon_spent"] is not None for r in runs) else None),
+                "engine_calls_mean": float(np.mean([r["engine_calls"] for r in runs])),
+                "tokens_mean": float(np.mean([r["prompt_tokens"] + r["completion_tokens"] for r in runs])),
+                "wall_seconds_mean": float(np.mean(wall)),
+                "outside_engine_share": float(1.0 - sum(engine_s) / sum(wall)) if sum(wall) > 0 else None,
+                "outside_engine_share_without_calibration": (
+                    float(1.0 - sum(engine_s) / (sum(wall) - setup)) if sum(wall) - setup > 0 else None),
+                "calibration_seconds_total": setup,
+            }
+        seed_acc = methods.get("seed", {}).get("accuracy_mean")
+        nonprivate_acc = methods.get("nonprivate", {}).get("accuracy_mean")
+        retained: dict[str, Any] = {}
+        if seed_acc is not None and nonprivate_acc is not None:
+            gain = nonprivate_acc - seed_acc
+            for method, values in methods.items():
+                if method.startswith("dp_") or method == "tgd":
+                    retained[method] = (values["accuracy_mean"] - seed_acc) / gain if gain > 0 else None
+        targets = []
+        for eps, target in TARGETS.get(regime, {}).items():
+            for kind in ("gaussian", "exponential"):
+                name = f"dp_{kind}_eps{eps:g}"
+                if name in retained and retained[name] is not None:
+                    targets.append({"method": name, "target": target, "retained_gain": retained[name],
+                                    "met": retained[name] >= target})
+        regimes[regime] = {
+            "methods": methods,
+            "seed_accuracy": seed_acc,
+            "nonprivate_accuracy": nonprivate_acc,
+            "nonprivate_gain": None if seed_acc is None or nonprivate_acc is None else nonprivate_acc - seed_acc,
+            "retained_gain": retained,
+            "targets": targets,
+        }
+    return regimes
+
+
+def plot(summary: dict[str, Any], rows: list[dict[str, Any]], img_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    img_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    regimes = list(summary)
+    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 4), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        methods = summary[regime]["methods"]
+        for kind, marker in (("gaussian", "o"), ("exponential", "s")):
+            points = sorted((float(m.split("eps")[1]), v) for m, v in methods.items() if m.startswith(f"dp_{kind}_"))
+            if not points:
+                continue
+            xs = [p[0] for p in points]
+            ys = [p[1]["accuracy_mean"] for p in points]
+            errs = [[y - (p[1]["accuracy_ci95"] or (y, y))[0] for y, p in zip(ys, points)],
+                    [(p[1]["accuracy_ci95"] or (y, y))[1] - y for y, p in zip(ys, points)]]
+            ax.errorbar(xs, ys, yerr=errs, marker=marker, capsize=3, label=f"DP-ES {kind}")
+        for name, style in (("nonprivate", "--"), ("tgd", ":"), ("seed", "-.")):
+            if name in methods:
+                ax.axhline(methods[name]["accuracy_mean"], linestyle=style, color="grey" if name == "seed" else None,
+                           label={"nonprivate": "non-private evolution", "tgd": "TextGrad TGD (raw feedback)",
+                                  "seed": "seed prompt"}[name])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("epsilon (whole run)")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(regime)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = img_dir / "privacy_utility_accuracy_vs_epsilon.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path.name)
+
+    traced = [r for r in rows if any("best_test_accuracy" in g for g in r["per_generation"])]
+    if traced:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in traced:
+            gens = [g["generation"] for g in r["per_generation"]]
+            accs = [g["best_test_accuracy"] for g in r["per_generation"]]
+            ax.plot(gens, accs, marker="o", label=f"{r['regime']} {r['method']} (seed {r['seed']})")
+        ax.set_xlabel("generation")
+        ax.set_ylabel("test accuracy of the generation's best prompt")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = img_dir / "privacy_utility_accuracy_vs_generation.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
+def write_summary(rows: list[dict[str, Any]], output: Path, schedule: Schedule, command: str,
+                  img_dir: Path | None) -> dict[str, Any]:
+    from dp_textgrad._io import atomic_write_json
+    from dp_textgrad.runs import code_version, machine_summary
+
+    summary = summarise(rows)
+    images = plot(summary, rows, img_dir) if img_dir is not None and rows else []
+    public_rows = []
+    for r in rows:
+        row = {k: v for k, v in r.items() if k != "released_prompt"}
+        # Prompts of non-private methods may quote benchmark records: keep only a fingerprint.
+        row["released_prompt_sha256"] = hashlib.sha256(r["released_prompt"].encode("utf-8")).hexdigest()[:16]
+        row["released_prompt_chars"] = len(r["released_prompt"])
+        public_rows.append(row)
+    result = {
+        "benchmark": "privacy_utility",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "code_version": code_version(),
+        "machine": machine_summary(),
+        "schedule": asdict(schedule),
+        "keys": {
+            "regimes.<regime>.methods.<method>": "accuracy_mean, accuracy_ci95 (t interval over seeds; null with "
+            "one seed), accuracies, seeds, engine_calls_mean, tokens_mean, wall_seconds_mean, "
+            "outside_engine_share (1 - engine seconds / wall seconds, test evaluation included), "
+            "outside_engine_share_without_calibration (same, minus the one-off noise calibration), "
+            "calibration_seconds_total",
+            "regimes.<regime>.retained_gain": "(acc_method - acc_seed) / (acc_nonprivate - acc_seed)",
+            "regimes.<regime>.targets": "issue 6 targets on retained gain and whether they were met",
+            "runs": "one row per run; released prompts are kept only as a fingerprint",
+        },
+        "regimes": summary,
+        "images": images,
+        "runs": public_rows,
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(output, result)
+    return result
+
+
+def _fmt_ci(values: dict[str, Any]) -> str:
+    ci = values["accuracy_ci95"]
+    return f"{values['accuracy_mean']:.3f}" + ("" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]")
+
+
+def method_order(name: str) -> tuple:
+    fixed = {"seed": 0, "nonprivate": 1, "tgd": 2}
+    if name in fixed:
+        return (fixed[name], 0.0)
+    kind, eps = name.removeprefix("dp_").split("_eps")
+    return (3 if kind == "gaussian" else 4, float(eps))
+
+
+def markdown_tables(result: dict[str, Any]) -> str:
+    """The tables docs/benchmarks.md shows, printed from a results file."""
+    lines: list[str] = []
+    for regime, values in result["regimes"].items():
+        lines += [f"#### {regime}", "",
+                  "| method | seeds | test accuracy, mean [95% CI] | retained gain | engine calls | tokens | wall s | "
+                  "outside engine |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name in sorted(values["methods"], key=method_order):
+            m = values["methods"][name]
+            gain = values["retained_gain"].get(name)
+            share = m.get("outside_engine_share_without_calibration", m["outside_engine_share"])
+            lines.append(
+                f"| {name} | {len(m['seeds'])} | {_fmt_ci(m)} | {'' if gain is None else f'{gain:.2f}'} | "
+                f"{m['engine_calls_mean']:.0f} | {m['tokens_mean']:.0f} | {m['wall_seconds_mean']:.0f} | "
+                f"{'' if share is None else f'{100 * share:.1f}%'} |")
+        for target in values["targets"]:
+            lines.append(f"\nTarget: {target['method']} retained gain >= {target['target']}: "
+                         f"{target['retained_gain']:.2f} ({'met' if target['met'] else 'MISSED'})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", choices=("full", "smoke"), default="full")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("--img-dir", type=Path, default=DEFAULT_IMG_DIR)
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--shard", default="0/1", help="i/n: run every n-th job starting at i (parallel workers)")
+    parser.add_argument("--max-minutes", type=float, default=None, help="start no new job after this long")
+    parser.add_argument("--summarise-only", action="store_true")
+    parser.add_argument("--tables-from", type=Path, default=None, help="print the markdown tables of a results file")
+    args = parser.parse_args(argv)
+    if args.tables_from is not None:
+        print(markdown_tables(json.loads(args.tables_from.read_text(encoding="utf-8"))))
+        return 0
+
+    schedule = Schedule() if args.plan == "full" else Schedule(generations=2, population=2, parents=1, records=6,
+                                                                   n_test=8, tgd_minibatch=1, tgd_max_tokens=24)
+    command = " ".join(["python benchmarks/privacy_utility.py", *(sys.argv[1:] if argv is None else argv)])
+    work_file = args.work_dir / "runs.jsonl"
+    img_dir = None if args.no_plots else args.img_dir
+    if not args.summarise_only:
+        from dp_textgrad._io import append_jsonl
+        from dp_textgrad.engines.llama_cpp import LlamaCppEngine
+
+        index, count = (int(v) for v in args.shard.split("/"))
+        done = {f"{r['regime']}/{r['method']}/{r['seed']}" for r in read_runs(work_file)}
+        jobs = [j for k, j in enumerate(plan_jobs(args.plan, args.seeds)) if k % count == index and j.key not in done]
+        print(f"{len(done)} runs already in {work_file}; {len(jobs)} to do in shard {args.shard}", flush=True)
+        engine = LlamaCppEngine(n_threads=args.threads)
+        tasks: dict[str, Any] = {}
+        cache = AccuracyCache()
+        started = time.perf_counter()
+        for number, job in enumerate(jobs, 1):
+            if args.max_minutes is not None and time.perf_counter() - started > 60 * args.max_minutes:
+                print(f"time limit reached; {len(jobs) - number + 1} jobs left", flush=True)
+                break
+            if job.regime not in tasks:
+                tasks[job.regime] = build_regime(job.regime, schedule, args.data_dir)
+            t0 = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                record = run_job(job, tasks[job.regime], engine, schedule, cache)
+            append_jsonl(work_file, asdict(record))
+            print(f"[{number}/{len(jobs)}] {job.key}: test accuracy {record.test_accuracy:.3f}"
+                  + (f", epsilon {record.epsilon_spent:.3f}" if record.epsilon_spent else "")
+                  + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+    rows = read_runs(work_file)
+    result = write_summary(rows, args.output, schedule, command, img_dir)
+    for regime, values in result["regimes"].items():
+        print(regime, {m: round(v["accuracy_mean"], 3) for m, v in values["methods"].items()})
+        if values["retained_gain"]:
+            print("  retained gain:", {m: (None if g is None else round(g, 3)) for m, g in values["retained_gain"].items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

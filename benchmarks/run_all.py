@@ -1,0 +1,56 @@
+"""Rerun every benchmark, one after the other, with the settings the docs report.
+
+    python benchmarks/run_all.py            # everything (several hours on 2 cores)
+    python benchmarks/run_all.py --only accounting,engine_throughput
+
+Each benchmark writes its own ``benchmarks/results/<name>.json`` (and the
+privacy-utility plots in ``docs/img``). Data come from ``$DP_TEXTGRAD_DATA`` or
+``../shared/data``. The privacy-utility grid resumes from
+``runs/benchmarks/privacy_utility/runs.jsonl``: delete that file for a fresh grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# name -> arguments; the order puts the cheap, machine-only benchmarks first.
+BENCHMARKS: dict[str, list[str]] = {
+    "accounting": [],
+    "engine_throughput": ["--threads", "1"],
+    "openai_concurrency": [],
+    "peak_rss": [],
+    "privacy_utility": [],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Rerun every benchmark.")
+    parser.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    args = parser.parse_args(argv)
+    names = list(BENCHMARKS) if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"--only: unknown benchmarks {unknown}; choose from {list(BENCHMARKS)}")
+    failed = []
+    for name in names:
+        command = [sys.executable, str(HERE / f"{name}.py"), *BENCHMARKS[name]]
+        print(f"== {name}: {' '.join(['python', f'benchmarks/{name}.py', *BENCHMARKS[name]])}", flush=True)
+        started = time.perf_counter()
+        code = subprocess.call(command, cwd=HERE.parent)
+        print(f"== {name}: exit {code} after {time.perf_counter() - started:.0f} s", flush=True)
+        if code != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Smoke run of the privacy-utility benchmark (tiny schedule, every method once) and its summary maths."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("privacy_utility", REPO_ROOT / "benchmarks" / "privacy_utility.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(method: str, seed: int, accuracy: float, epsilon: float | None = None) -> dict:
+    return {"regime": "r", "method": method, "seed": seed, "test_accuracy": accuracy, "epsilon_spent": epsilon,
+            "engine_calls": 10, "prompt_tokens": 100, "completion_tokens": 5, "engine_seconds": 9.0,
+            "wall_seconds": 10.0, "per_generation": [], "released_prompt": "p"}
+
+
+def test_summary_retained_gain_and_ci() -> None:
+    bench = load_benchmark()
+    rows = [row("seed", 0, 0.6), *[row("nonprivate", s, a) for s, a in enumerate((0.8, 0.82, 0.78))],
+            *[row("dp_gaussian_eps4", s, a, 3.9) for s, a in enumerate((0.7, 0.75, 0.65))]]
+    summary = bench.summarise(rows)["r"]
+    assert summary["nonprivate_gain"] == pytest.approx(0.2)
+    assert summary["retained_gain"]["dp_gaussian_eps4"] == pytest.approx(0.5)
+    low, high = summary["methods"]["dp_gaussian_eps4"]["accuracy_ci95"]
+    assert low < 0.7 < high and high - low > 0.1  # t interval over 3 seeds with spread 0.05
+    assert summary["methods"]["seed"]["accuracy_ci95"] is None  # one seed: no interval claimed
+    assert summary["methods"]["nonprivate"]["outside_engine_share"] == pytest.approx(0.1)
+
+
+def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
+    bench = load_benchmark()
+    jobs = bench.plan_jobs("full", 3)
+    first = [j for j in jobs if j.regime == "sst2_n2000"]
+    assert {j.method for j in first} == {"seed", "nonprivate", "tgd", *bench.dp_methods()}
+    assert len({j.key for j in jobs}) == len(jobs)
+    assert jobs.index(first[-1]) < min(jobs.index(j) for j in jobs if j.regime != "sst2_n2000")
+
+
+@pytest.mark.slow
+def test_privacy_utility_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="needs the [local] extra: pip install 'dp-textgrad[local]'")
+    data_root = Path(os.environ.get("DP_TEXTGRAD_DATA", REPO_ROOT.parent / "shared" / "data"))
+    if not (data_root / "sst2" / "train.tsv").is_file():
+        pytest.skip(f"SST-2 data not found under {data_root}; set DP_TEXTGRAD_DATA")
+    output = tmp_path / "pu.json"
+    completed = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "privacy_utility.py"), "--plan", "smoke",
+         "--work-dir", str(tmp_path / "work"), "--output", str(output), "--img-dir", str(tmp_path / "img")],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(output.read_text())
+    assert set(result) >= {"regimes", "runs", "machine", "date", "command", "code_version", "schedule"}
+    methods = result["regimes"]["smoke"]["methods"]
+    assert set(methods) == {"seed", "nonprivate", "tgd", "dp_gaussian_eps4", "dp_exponential_eps4"}
+    for run in result["runs"]:
+        assert 0.0 <= run["test_accuracy"] <= 1.0
+        assert "released_prompt" not in run  # only a fingerprint leaves the work directory
+        if run["method"].startswith("dp_"):
+            assert run["epsilon_spent"] <= 4.0 + 1e-9
+            assert run["engine_calls"] > 0
+        if run["method"] == "nonprivate":
+            assert run["epsilon_spent"] is None  # privacy off claims nothing
+    assert sorted(p.name for p in (tmp_path / "img").iterdir()) == [
+        "privacy_utility_accuracy_vs_epsilon.png", "privacy_utility_accuracy_vs_generation.png"]
+    # Resuming finds every run done and only rebuilds the summary.
+    again = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "privacy_utility.py"), "--plan", "smoke",
+         "--work-dir", str(tmp_path / "work"), "--output", str(output), "--no-plots"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "5 runs already" in again.stdout and "0 to do" in again.stdout
