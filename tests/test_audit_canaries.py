@@ -21,6 +21,7 @@ from dp_textgrad.audit.canaries import (
     insert_canaries,
     insertion_slots,
     load_canaries,
+    opening_labels_from_examples,
     openings_from_examples,
     remove_canaries,
     save_canaries,
@@ -104,14 +105,17 @@ def test_canaries_look_like_task_records():
     canary_set = canaries_for_task(task, 40, seed=3, n_references=10)
     openings = openings_from_examples(task.public_examples)
     assert openings == ["Hello, my invoice is double.", "The router keeps rebooting!"]
+    label_of = {"Hello, my invoice is double.": "billing", "The router keeps rebooting!": "technical"}
+    assert opening_labels_from_examples(task.public_examples) == label_of
     for c in canary_set:
         assert c.label in task.labels
-        assert any(c.prefix.startswith(o + " ") for o in openings)
+        opening = next(o for o in openings if c.prefix.startswith(o + " "))
+        # in-distribution: the label of the public example whose opening the canary borrows
+        assert c.label == label_of[opening]
         assert c.text == f"{c.prefix} {c.secret}."
         assert c.example == Example(c.text, c.label)
         assert c.continuation == " " + c.secret
-    # the label is drawn by seed, not fixed
-    assert len({c.label for c in canary_set}) > 1
+    assert {c.label for c in canary_set} == {"billing", "technical"}
     # a canary text renders through the task like any record
     assert task.render_record(canary_set[0].text).startswith("Message: " + canary_set[0].prefix)
 
@@ -126,6 +130,47 @@ def test_prefixes_are_distinct_while_the_pool_lasts():
 def test_generic_openings_when_the_task_has_no_public_examples():
     canary_set = canaries_for_task(small_task(public=[]), 5, seed=1, n_references=5)
     assert all(c.prefix for c in canary_set)
+    # generic openings carry no label: it is drawn by seed, not fixed
+    many = canaries_for_task(small_task(public=[]), 60, seed=1, n_references=5)
+    assert len({c.label for c in many}) > 1
+    assert many == generate_canaries(60, seed=1, labels=LABELS, n_references=5)
+
+
+def test_an_opening_shared_by_different_labels_gets_random_labels():
+    public = [
+        Example("Hello there. My invoice is double.", "billing"),
+        Example("Hello there. The router keeps rebooting!", "technical"),
+        Example("I moved house. Please update my address.", "account"),
+    ]
+    assert opening_labels_from_examples(public) == {"I moved house.": "account"}
+    canary_set = canaries_for_task(small_task(public=public), 60, seed=4, n_references=5)
+    moved = [c for c in canary_set if c.prefix.startswith("I moved house. ")]
+    shared = [c for c in canary_set if c.prefix.startswith("Hello there. ")]
+    assert moved and shared
+    assert {c.label for c in moved} == {"account"}
+    assert len({c.label for c in shared}) > 1
+
+
+@FAST
+@given(n=st.integers(1, 60), seed=st.integers(0, 2**31 - 1))
+def test_opening_labels_change_only_the_labels_of_their_openings(n, seed):
+    openings = ["Hello, my invoice is double.", "The router keeps rebooting!", "Hi, a question."]
+    fixed = {"Hello, my invoice is double.": "billing"}
+    plain = generate_canaries(n, seed=seed, labels=LABELS, openings=openings, n_references=5)
+    labelled = generate_canaries(n, seed=seed, labels=LABELS, openings=openings, opening_labels=fixed,
+                                 n_references=5)
+    assert labelled == generate_canaries(n, seed=seed, labels=LABELS, openings=openings, opening_labels=fixed,
+                                         n_references=5)
+    for a, b in zip(plain, labelled):
+        assert (a.canary_id, a.prefix, a.secret, a.included) == (b.canary_id, b.prefix, b.secret, b.included)
+        expected = "billing" if b.prefix.startswith("Hello, my invoice is double. ") else a.label
+        assert b.label == expected
+    assert plain.reference_secrets == labelled.reference_secrets
+
+
+def test_opening_labels_must_be_task_labels():
+    with pytest.raises(ValueError, match="opening_labels"):
+        generate_canaries(3, seed=0, labels=LABELS, openings=["Hi."], opening_labels={"Hi.": "refund"})
 
 
 def test_bad_seeds_are_clear_errors():

@@ -310,6 +310,7 @@ def one_error_line(result) -> str:
     (["--threads", "0"], "--threads"),
     (["--population", "1"], "population"),
     (["--max-share", "2"], "max_share"),
+    (["--unsafe-examples", "-1"], "--unsafe-examples"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(monkeypatch, args, fragment) -> None:
     monkeypatch.setattr(audit_cli, "_make_engine", lambda threads: pytest.fail("loaded an engine for bad input"))
@@ -327,6 +328,9 @@ def test_cli_runs_a_small_audit(monkeypatch, tmp_path) -> None:
     assert "verdict: no violation shown" in result.output
     (run_dir,) = tmp_path.glob("run-*")
     assert read_audit(run_dir)["settings"]["max_share"] == 0.5
+    # --unsafe-examples 0 (default): the unsafe control would show the whole private set, 12 + 10 at most;
+    # the dp run records the same config (the field is unused outside unsafe mode)
+    assert read_audit(run_dir)["settings"]["config"]["unsafe_examples"] == 22
     log = (tmp_path / "run_metadata.jsonl").read_text(encoding="utf-8")
     assert '"kind": "audit_l2"' in log and '"command": "audit canaries"' in log
 

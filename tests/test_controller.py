@@ -187,6 +187,21 @@ def test_unsafe_mode_is_marked(task) -> None:
     assert any("NOT differentially private" in json.dumps(e.to_dict()) for e in opt.ledger.entries)
 
 
+def test_unsafe_examples_sets_how_many_raw_records_reach_the_mutator(task) -> None:
+    default, _ = make_opt(task, mode="unsafe")
+    assert len(default.mutation.unsafe_examples) == 8
+    wide, _ = make_opt(task, mode="unsafe", unsafe_examples=40)
+    private = [rec.unwrap() for rec in task.private_train]
+    assert len(wide.mutation.unsafe_examples) == 40
+    assert all(ex in private for ex in wide.mutation.unsafe_examples)
+    everything, _ = make_opt(task, mode="unsafe", unsafe_examples=10_000)  # capped at N
+    assert len(everything.mutation.unsafe_examples) == len(task.private_train)
+    public, _ = make_opt(task, unsafe_examples=40)  # ignored outside unsafe mode
+    assert public.mutation.unsafe_examples == []
+    with pytest.raises((ConfigError, ValueError), match="unsafe_examples"):
+        make_opt(task, mode="unsafe", unsafe_examples=0)
+
+
 def test_callback_stops_the_run(task) -> None:
     prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
     opt = DPEvolutionStrategy([prompt], task=task, engine=make_engine(), epsilon=3.0, generations=4,

@@ -35,6 +35,7 @@ from dp_textgrad.audit.canaries import (
     insert_canaries,
     insertion_slots,
     load_canaries,
+    opening_labels_from_examples,
     openings_from_examples,
     remove_canaries,
     save_canaries,
@@ -99,7 +100,7 @@ __all__ = [
     "hedges_g", "inclusion_mask", "insert_canaries", "insertion_slots", "leakage_report", "load_canaries",
     "longest_common_substring", "loss_score", "membership_scores", "min_k_pp_score", "min_k_score",
     "one_run_bound_from_scores", "one_run_eps_lower_bound", "one_run_guesses", "one_run_p_value",
-    "openings_from_examples", "paired_bootstrap_difference", "pr_auc", "prompt_leakage", "recall_score",
-    "record_context", "remove_canaries", "roc_auc", "save_canaries", "split_by_membership", "topk_hit_rates",
-    "tpr_at_fpr", "twin_datasets", "with_private_records", "zlib_score",
+    "opening_labels_from_examples", "openings_from_examples", "paired_bootstrap_difference", "pr_auc",
+    "prompt_leakage", "recall_score", "record_context", "remove_canaries", "roc_auc", "save_canaries",
+    "split_by_membership", "topk_hit_rates", "tpr_at_fpr", "twin_datasets", "with_private_records", "zlib_score",
 ]

@@ -1,10 +1,14 @@
 """Canaries: synthetic records with a high-entropy secret, planted to measure leakage.
 
 A canary looks like one of the task's records (an in-distribution opening sentence,
-a phrase that introduces a code, then the secret) and carries a label drawn from
-the task's labels. Its secret (a random 6-digit number and/or random words) is
-what an attacker tries to recover; a universe of never-inserted *reference*
-secrets of the same format gives the exposure metric its denominator.
+a phrase that introduces a code, then the secret). Its label is that of the public
+example whose opening it borrows, so a canary is a correctly labelled record of the
+task (a demonstration built from it is a right one); only canaries on an opening
+without a label (the built-in generic openings, or an opening that public examples
+with different labels share) get a label drawn at random from the task's labels.
+Its secret (a random 6-digit number and/or random words) is what an attacker
+tries to recover; a universe of never-inserted *reference* secrets of the same
+format gives the exposure metric its denominator.
 
 Everything is generated from a seed, so a canary set can be rebuilt exactly, and
 saved to / loaded from JSON. Each canary also carries a Bernoulli(1/2) inclusion
@@ -21,7 +25,7 @@ import dataclasses
 import json
 import re
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -276,16 +280,32 @@ def inclusion_mask(n: int, mask_seed: int) -> np.ndarray:
     return _stream(mask_seed, _STREAM_MASK).random(n) < 0.5
 
 
+def _opening(text: str) -> str:
+    """The first sentence of ``text``, cut at a word boundary to at most 120 characters."""
+    first = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].strip()
+    if len(first) > _MAX_OPENING_CHARS:
+        first = first[:_MAX_OPENING_CHARS].rsplit(" ", 1)[0]
+    return first
+
+
 def openings_from_examples(examples: Sequence[Example]) -> list[str]:
     """First sentences of public examples, usable as in-distribution canary openings."""
-    openings = []
+    openings = {_opening(example.text) for example in examples}
+    return sorted(o for o in openings if o)  # sorted: generation must not depend on input order of duplicates
+
+
+def opening_labels_from_examples(examples: Sequence[Example]) -> dict[str, str]:
+    """The label of each opening of ``openings_from_examples``: that of the example it comes from.
+
+    An opening shared by examples with different labels is left out (canaries on it
+    get a random label), so every label given is the one the task's own data gives.
+    """
+    seen: dict[str, set[str]] = {}
     for example in examples:
-        first = _SENTENCE_END.split(example.text.strip(), maxsplit=1)[0].strip()
-        if len(first) > _MAX_OPENING_CHARS:
-            first = first[:_MAX_OPENING_CHARS].rsplit(" ", 1)[0]
-        if first:
-            openings.append(first)
-    return sorted(set(openings))  # sorted: generation must not depend on input order of duplicates
+        opening = _opening(example.text)
+        if opening:
+            seen.setdefault(opening, set()).add(example.label)
+    return {opening: next(iter(found)) for opening, found in sorted(seen.items()) if len(found) == 1}
 
 
 def generate_canaries(
@@ -294,6 +314,7 @@ def generate_canaries(
     seed: int,
     labels: Sequence[str],
     openings: Sequence[str] | None = None,
+    opening_labels: Mapping[str, str] | None = None,
     secret_kind: SecretKind = "mixed",
     n_words: int = 2,
     n_references: int = 1000,
@@ -303,6 +324,10 @@ def generate_canaries(
 
     ``openings``: in-distribution first sentences (e.g. from ``openings_from_examples``
     on the task's public examples); generic ones are used when none are given.
+    ``opening_labels``: the label of an opening (e.g. ``opening_labels_from_examples``);
+    a canary on an opening listed there carries its label, any other canary a label
+    drawn from ``labels`` with the seed (the draw is made for every canary, so the
+    labels of the others do not depend on ``opening_labels``).
     ``secret_kind``: ``"digits"`` (a 6-digit number), ``"words"`` (``n_words`` random
     words) or ``"mixed"`` (both). ``mask_seed`` (default: ``seed``) draws the
     Bernoulli(1/2) inclusion bits.
@@ -319,6 +344,10 @@ def generate_canaries(
     pool = [o.strip() for o in (openings if openings else _GENERIC_OPENINGS) if o and o.strip()]
     if not pool:
         raise ValueError("openings: all given openings are empty; pass None to use the built-in ones")
+    fixed_labels = {str(o).strip(): label for o, label in (opening_labels or {}).items()}
+    unknown = sorted({label for label in fixed_labels.values() if label not in labels})
+    if unknown:
+        raise ValueError(f"opening_labels: labels {unknown} are not among the task's labels {labels}")
     space = _secret_space(secret_kind, n_words)
     if n + n_references > space // 2:
         raise ValueError(
@@ -354,12 +383,13 @@ def generate_canaries(
     canaries = []
     for i in range(n):
         opening, stem = pairs[int(order[i])]
+        drawn = labels[int(label_rng.integers(len(labels)))]  # drawn always: one stream position per canary
         canaries.append(
             Canary(
                 canary_id=f"canary-{i:04d}",
                 prefix=f"{opening} {stem}",
                 secret=secrets_[i],
-                label=labels[int(label_rng.integers(len(labels)))],
+                label=fixed_labels.get(opening, drawn),
                 included=bool(included[i]),
             )
         )
@@ -367,8 +397,15 @@ def generate_canaries(
 
 
 def canaries_for_task(task: ClassificationTask, n: int, *, seed: int, **options) -> CanarySet:
-    """Canaries format-matched to ``task``: openings from its public examples, its labels."""
+    """Canaries format-matched to ``task``: openings from its public examples, with their labels.
+
+    Each canary carries the label of the public example whose opening it borrows, so
+    it is a correctly labelled in-distribution record; without public examples the
+    generic openings and random labels of ``generate_canaries`` are used.
+    """
     openings = openings_from_examples(task.public_examples) or None
+    if openings is not None:
+        options.setdefault("opening_labels", opening_labels_from_examples(task.public_examples))
     return generate_canaries(n, seed=seed, labels=task.labels, openings=openings, **options)
 
 

@@ -118,7 +118,10 @@ def canaries(
     n_canaries: int = typer.Option(32, "--canaries", help="canaries m; each is a member with probability 1/2"),
     n_records: int = typer.Option(32, "--records", help="canary-free private records the members are mixed into"),
     n_public: int = typer.Option(4, "--public", help="public examples of the built-in task (the mutator's demo "
-                                                     "pool besides, in unsafe mode, 8 private records)"),
+                                                     "pool besides, in unsafe mode, the private records shown)"),
+    unsafe_examples: int = typer.Option(0, "--unsafe-examples",
+                                        help="unsafe mode: private records shown to the mutator (0: all of the "
+                                             "audited private set, members included); unused in dp mode"),
     epsilon: float = typer.Option(4.0, "--epsilon", help="privacy budget of the audited run"),
     generations: int = typer.Option(6, "--generations", help="DP generations of the audited run"),
     population: int = typer.Option(6, "--population", help="candidates per generation"),
@@ -151,7 +154,8 @@ def canaries(
     if mode not in ("dp", "unsafe"):
         _bad_input(f"mode: use 'dp' or 'unsafe', got {mode!r}")
     checks = (("canaries", n_canaries, 1), ("records", n_records, 1), ("public", n_public, 1),
-              ("references", references, 1), ("threads", threads, 1), ("seed", seed, 0))
+              ("references", references, 1), ("threads", threads, 1), ("seed", seed, 0),
+              ("unsafe-examples", unsafe_examples, 0))
     for name, value, minimum in checks:
         if value < minimum:
             _bad_input(f"--{name}: must be an integer >= {minimum}, got {value}")
@@ -159,8 +163,11 @@ def canaries(
         _bad_input(f"--records: {n_canaries} canaries need at least {n_canaries} canary-free records to be spread "
                    f"over, got {n_records}")
     try:
+        # Same config in both modes; unsafe_examples only matters once run_canary_audit sets mode='unsafe'.
+        # 0 means every record of the audited private set (at most n_records + n_canaries).
         config = DPESConfig(epsilon=epsilon, generations=generations, population=population, parents=parents,
-                            sampling_rate=sampling_rate, seed=seed)
+                            sampling_rate=sampling_rate, seed=seed,
+                            unsafe_examples=unsafe_examples or n_records + n_canaries)
         options = CanaryAuditOptions(warn_share=max_share, max_share=max_share, n_exposure_references=references,
                                      alpha=alpha)
     except ValidationError as exc:

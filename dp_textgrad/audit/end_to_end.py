@@ -8,7 +8,8 @@ One audit is one optimisation run (a one-run audit, Steinke, Nasr & Jagielski 20
    excluded ones (non-members) never reach the optimiser.
 2. :func:`dp_textgrad.workflow.run` optimises a prompt on that private set into a run
    directory (``mode="dp"``: the library's DP-ES; ``mode="unsafe"``: the same loop with
-   raw private records shown to the mutator, the positive control that must leak).
+   ``config.unsafe_examples`` raw private records, canaries included, shown to the
+   mutator, the positive control that must leak).
 3. The released prompt is attacked, for ALL canaries: secret in the prompt text
    (verbatim, longest common substring), greedy extraction, top-k token hit rates,
    exposure, and the membership scores of :func:`membership_scores` (LOSS, zlib,
@@ -451,7 +452,9 @@ def run_canary_audit(
     is never read; the run uses ``records`` plus the member canaries). ``n_canaries``
     canaries are generated from ``seed`` (their inclusion bits too). ``mode="dp"`` runs
     ``config`` as is (its ``mode`` must be ``"public"``); ``mode="unsafe"`` sets
-    ``config.mode = "unsafe"``: the positive control, NOT differentially private.
+    ``config.mode = "unsafe"``: the positive control, NOT differentially private;
+    ``config.unsafe_examples`` private records (canary or not, drawn at random; all
+    of them when it is at least the private set's size) then reach the mutator.
     Writes ``audit.json`` into the run directory, rebuilds the report with its audit
     section, and appends one ``"kind": "audit_l2"`` line to the run log of the run's
     parent directory (``log=False``: no line). ``canary_path``: where to save the

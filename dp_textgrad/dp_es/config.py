@@ -40,6 +40,9 @@ class DPESConfig(BaseModel):
     feedback: FeedbackKind = Field("dp_confusion", description="DP aggregate feedback for critiques")
     feedback_noise_ratio: float = Field(3.0, gt=0, description="feedback noise multiplier / score noise multiplier")
     mode: FeedbackMode = Field("public", description="'unsafe' lets raw private examples reach the mutator")
+    unsafe_examples: int = Field(
+        8, ge=1, description="raw private records (at most N) shown to the mutator; used only in mode='unsafe'"
+    )
     privacy: PrivacyKind = Field(
         "dp", description="'off': NON-PRIVATE baseline (exact scores, no noise, no budget; ledger says so)"
     )

@@ -193,7 +193,7 @@ class EvolutionController(Optimizer):
     def _unsafe_examples(self) -> list[Any]:
         # Unsafe mode is an explicit research baseline: the one place private text is unwrapped
         # for the mutator, and the ledger says the run is NOT differentially private.
-        count = min(8, len(self.task.private_train))
+        count = min(self.config.unsafe_examples, len(self.task.private_train))
         picks = self.public_rng.choice(len(self.task.private_train), size=count, replace=False)
         return [self.task.private_train[int(i)].unwrap() for i in picks]
 
