@@ -16,6 +16,8 @@ from typing import Any
 from dp_textgrad import _io, runs
 
 UNSAFE_BANNER = "**WARNING: this run was in unsafe mode. It is NOT differentially private.**"
+FEWSHOT_BANNER = ("**WARNING: few-shot positive control: no optimisation; the released prompt is the seed prompt "
+                  "plus raw private records. It is NOT differentially private.**")
 
 
 AUDIT_FILE_NAME = "audit.json"  # written by dp_textgrad.audit.end_to_end
@@ -147,7 +149,8 @@ def audit_markdown(audit: dict[str, Any], roc_image: str | None = None) -> list[
     gdp = audit.get("gdp_estimate")
     mode = audit.get("mode")
     level = 1 - float(bound["alpha"])
-    claimed = _num(claim["epsilon"]) if claim["epsilon"] is not None else "none (unsafe mode)"
+    claimed = _num(claim["epsilon"]) if claim["epsilon"] is not None else \
+        ("none (fewshot: NOT private)" if mode == "fewshot" else "none (unsafe mode)")
     estimate = f"{_num(gdp['epsilon'])} ({gdp['attack']}, pre-registered)" if gdp else "-"
     attack = f" ({bound['attack']})" if bound.get("attack") else ""
     lines = [
@@ -155,8 +158,10 @@ def audit_markdown(audit: dict[str, Any], roc_image: str | None = None) -> list[
         "",
         f"**{audit['verdict']}**",
         "",
-        f"- mode: {mode}" + (" (positive control: raw private records reach the mutator; it must leak)"
-                              if mode == "unsafe" else " (the library's DP-ES)"),
+        f"- mode: {mode}" + {"unsafe": " (positive control: raw private records reach the mutator; it must leak)",
+                              "fewshot": " (positive control, NOT private: no optimisation, the release is the "
+                                         "seed prompt plus raw private records; it must leak)"}.get(
+                                             mode, " (the library's DP-ES)"),
         f"- canaries: {canaries['n']} ({canaries['n_members']} members inserted by their Bernoulli(1/2) bit, "
         f"{canaries['n_nonmembers']} non-members), {canaries['share']:.1%} of the private set; "
         f"canary seed {canaries['seed']}, fingerprint `{canaries['fingerprint_sha256'][:16]}`",
@@ -217,13 +222,16 @@ def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any]
                    metrics: list[dict[str, Any]], images: dict[str, str],
                    audit: dict[str, Any] | None = None) -> str:
     lines: list[str] = []
-    if result.get("unsafe"):
+    fewshot = config.get("fewshot")
+    if fewshot:
+        lines += [FEWSHOT_BANNER, ""]
+    elif result.get("unsafe"):
         off = config.get("config", {}).get("privacy") == "off"
         lines += [UNSAFE_BANNER.replace("was in unsafe mode", "had privacy off (a baseline)") if off
                   else UNSAFE_BANNER, ""]
     lines += [f"# dp-textgrad run `{run_dir.name}`", ""]
     cfg = config.get("config", {})
-    lines += [
+    guarantee = [
         "## Guarantee",
         "",
         f"- epsilon spent: **{result['epsilon']:.4g}** (budget {cfg.get('epsilon')}), delta = {result['delta']:.3g}"
@@ -238,6 +246,11 @@ def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any]
         "| accountant | epsilon |",
         "|---|---|",
     ]
+    if fewshot:
+        guarantee = ["## Guarantee", "", "- none: NOT differentially private (few-shot positive control)",
+                     f"- no optimisation: the seed prompt plus {fewshot.get('n_demos')} raw private records drawn "
+                     f"at random (seed {fewshot.get('seed')}), what a naive few-shot prompt builder ships"]
+    lines += guarantee
     for name, value in sorted(result.get("epsilons", {}).items()):
         lines.append(f"| {name} | {value:.4g} |")
     lines += ["", "## Released prompt", "", "```text", result["prompt"], "```", ""]

@@ -24,7 +24,7 @@ from dp_textgrad import cli as main_cli
 from dp_textgrad.audit import cli as audit_cli
 from dp_textgrad.audit import end_to_end
 from dp_textgrad.audit.bounds import gaussian_dp_estimate
-from dp_textgrad.audit.canaries import canaries_for_task
+from dp_textgrad.audit.canaries import canaries_for_task, insert_canaries
 from dp_textgrad.audit.end_to_end import (
     AUDIT_FILE_NAME,
     CanaryAuditOptions,
@@ -264,10 +264,38 @@ def test_unsafe_audit_is_labelled_and_claims_nothing(task, records, tmp_path) ->
     assert not (tmp_path / "run_metadata.jsonl").read_text().count('"audit_l2"')  # log=False
 
 
+def test_fewshot_audit_releases_raw_demos_and_detects_the_member_leak(task, records, tmp_path) -> None:
+    result = run_canary_audit(task, engine(), DPESConfig(**SCHEDULE), records=records, n_canaries=12, seed=0,
+                              mode="fewshot", n_demos=8, options=SMALL_SET, runs_root=tmp_path)
+    audit, fewshot = result.audit, result.audit["settings"]["fewshot"]
+    released = (result.run_dir / "released_prompt.txt").read_text(encoding="utf-8")
+    assert released.startswith(task.seed_prompt)
+    assert released.count("Message: ") == 8 and len(fewshot["demo_positions"]) == 8
+    private = insert_canaries(records, canaries_for_task(task, 12, seed=0), include="mask",
+                              warn_share=0.5, max_share=0.5).records
+    for position in fewshot["demo_positions"]:
+        assert task.render_demo(private[position]) in released  # raw private records, verbatim
+    shown = fewshot["member_canaries_shown"]
+    assert shown  # seed 0 draws member canaries: the control is meaningful
+    assert audit["mode"] == "fewshot" and audit["claim"]["epsilon"] is None and audit["claim"]["unsafe"]
+    assert "NOT differentially private" in audit["claim"]["note"]
+    assert audit["leakage"]["prompt_text"]["verbatim_members"] == len(shown)
+    assert audit["leakage"]["prompt_text"]["verbatim_nonmembers"] == 0
+    assert result.leak_detected and not result.violation
+    assert result.verdict.startswith("LEAK DETECTED (the few-shot positive control, NOT private, works)")
+    report = (result.run_dir / "report.md").read_text(encoding="utf-8")
+    assert report.startswith("**WARNING: few-shot positive control") and "none (fewshot: NOT private)" in report
+    log = [json.loads(line) for line in (tmp_path / "run_metadata.jsonl").read_text().splitlines()]
+    assert log[-1]["kind"] == "audit_l2" and log[-1]["mode"] == "fewshot" and log[-1]["private"] is False
+    assert log[0]["fewshot"]["n_demos"] == 8 and log[0]["unsafe"]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(n_canaries=0), "n_canaries"),
     (dict(n_canaries=20), "records"),
     (dict(mode="both"), "mode"),
+    (dict(mode="fewshot", n_demos=0), "n_demos"),
+    (dict(mode="fewshot", n_demos=17), "n_demos"),
     (dict(options=CanaryAuditOptions()), "max_share"),  # library defaults: at most 1% canaries
 ])
 def test_bad_audits_are_refused_before_any_run(task, records, tmp_path, kwargs, message) -> None:
@@ -311,6 +339,8 @@ def one_error_line(result) -> str:
     (["--population", "1"], "population"),
     (["--max-share", "2"], "max_share"),
     (["--unsafe-examples", "-1"], "--unsafe-examples"),
+    (["--mode", "fewshot", "--demos", "0"], "--demos"),
+    (["--mode", "fewshot", "--demos", "40", "--records", "32"], "--demos"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(monkeypatch, args, fragment) -> None:
     monkeypatch.setattr(audit_cli, "_make_engine", lambda threads: pytest.fail("loaded an engine for bad input"))
@@ -335,6 +365,21 @@ def test_cli_runs_a_small_audit(monkeypatch, tmp_path) -> None:
     assert '"kind": "audit_l2"' in log and '"command": "audit canaries"' in log
 
 
+def test_cli_fewshot_control_is_labelled_and_leaks(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(audit_cli, "_make_engine", lambda threads: engine())
+    result = runner.invoke(main_cli.app, [
+        "audit", "canaries", "--mode", "fewshot", "--demos", "8", "--canaries", "12", "--records", "16",
+        "--references", "3", "--require-leak", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "NOT private" in result.output and "verdict: LEAK DETECTED" in result.output
+    assert "member canaries among the 8 raw demonstrations" in result.output
+    (run_dir,) = tmp_path.glob("run-*")
+    assert read_audit(run_dir)["settings"]["fewshot"]["n_demos"] == 8
+    report = runner.invoke(main_cli.app, ["report", str(run_dir)])
+    assert report.exit_code == 0, report.output
+    assert "mode: fewshot (positive control, NOT private" in (run_dir / "report.md").read_text(encoding="utf-8")
+
+
 class _FakeResult:
     def __init__(self, run_dir: Path, violation: bool, leak: bool) -> None:
         self.run_dir, self.violation, self.leak_detected, self.seconds = run_dir, violation, leak, 0.0
@@ -351,6 +396,8 @@ class _FakeResult:
     ("unsafe", False, False, ["--require-leak"], 1),
     ("unsafe", False, False, [], 0),
     ("unsafe", False, True, ["--require-leak"], 0),
+    ("fewshot", False, False, ["--require-leak"], 1),
+    ("fewshot", False, True, ["--require-leak"], 0),
 ])
 def test_cli_exit_codes(monkeypatch, tmp_path, mode, violation, leak, extra, code) -> None:
     monkeypatch.setattr(audit_cli, "_make_engine", lambda threads: engine())

@@ -6,13 +6,14 @@ vs the noise-off positive control, appends one JSON line per audit to
 ``<runs-dir>/run_metadata.jsonl`` and exits 1 when a lower bound exceeds its claim
 (or, with ``--min-control``, when a positive control is too weak to have seen one).
 
-``dp-textgrad audit canaries --mode dp|unsafe`` runs one L2 end-to-end audit (see
+``dp-textgrad audit canaries --mode dp|unsafe|fewshot`` runs one L2 end-to-end audit (see
 :mod:`dp_textgrad.audit.end_to_end`) on the built-in support task with the local
 model: canaries in the private set, one optimisation run into ``<runs-dir>/run-*``,
 attacks on the released prompt, ``audit.json`` and an audit section in the report.
 It exits 1 when a DP run's lower bound exceeds the claimed epsilon (or a member's
-secret is copied into a DP release), and, with ``--require-leak``, when the unsafe
-positive control shows no leak; 2 on bad input.
+secret is copied into a DP release), and, with ``--require-leak``, when a positive
+control (``unsafe``, or ``fewshot``: no optimisation, the seed prompt plus ``--demos`` raw
+private records; NOT private) shows no leak; 2 on bad input.
 Also runnable as ``python -m dp_textgrad.audit.cli mechanisms``.
 """
 
@@ -113,8 +114,12 @@ def _interval_text(interval: Optional[dict]) -> str:
 
 @audit_app.command("canaries")
 def canaries(
-    mode: str = typer.Option("dp", "--mode", help="dp (the library's DP-ES) or unsafe (positive control: raw "
-                                                  "private records reach the mutator; NOT private)"),
+    mode: str = typer.Option("dp", "--mode", help="dp (the library's DP-ES), unsafe (positive control: raw "
+                                                  "private records reach the mutator; NOT private) or fewshot "
+                                                  "(positive control: no optimisation, the seed prompt plus "
+                                                  "--demos raw private records; NOT private)"),
+    demos: int = typer.Option(8, "--demos", help="fewshot mode: raw private records (members included, drawn at "
+                                                 "random by --seed) appended to the seed prompt; unused otherwise"),
     n_canaries: int = typer.Option(32, "--canaries", help="canaries m; each is a member with probability 1/2"),
     n_records: int = typer.Option(32, "--records", help="canary-free private records the members are mixed into"),
     n_public: int = typer.Option(4, "--public", help="public examples of the built-in task (the mutator's demo "
@@ -142,7 +147,7 @@ def canaries(
                                                       "outside the run directory)"),
     evaluate: bool = typer.Option(False, "--evaluate/--no-evaluate", help="also report test accuracy (slower)"),
     require_leak: bool = typer.Option(False, "--require-leak",
-                                      help="unsafe mode: exit 1 when the positive control shows no leak"),
+                                      help="unsafe/fewshot mode: exit 1 when the positive control shows no leak"),
     log: bool = typer.Option(True, "--log/--no-log", help="append one JSON line to the run log"),
 ) -> None:
     """L2 audit: canaries through one real optimisation run, then attacks on the released prompt."""
@@ -151,17 +156,19 @@ def canaries(
     from dp_textgrad.audit.end_to_end import CanaryAuditOptions, run_canary_audit
     from dp_textgrad.dp_es.config import DPESConfig
 
-    if mode not in ("dp", "unsafe"):
-        _bad_input(f"mode: use 'dp' or 'unsafe', got {mode!r}")
+    if mode not in ("dp", "unsafe", "fewshot"):
+        _bad_input(f"mode: use 'dp', 'unsafe' or 'fewshot', got {mode!r}")
     checks = (("canaries", n_canaries, 1), ("records", n_records, 1), ("public", n_public, 1),
               ("references", references, 1), ("threads", threads, 1), ("seed", seed, 0),
-              ("unsafe-examples", unsafe_examples, 0))
+              ("unsafe-examples", unsafe_examples, 0), ("demos", demos, 1))
     for name, value, minimum in checks:
         if value < minimum:
             _bad_input(f"--{name}: must be an integer >= {minimum}, got {value}")
     if n_records < n_canaries:
         _bad_input(f"--records: {n_canaries} canaries need at least {n_canaries} canary-free records to be spread "
                    f"over, got {n_records}")
+    if mode == "fewshot" and demos > n_records:
+        _bad_input(f"--demos: {demos} demonstrations need at least {demos} records, got --records {n_records}")
     try:
         # Same config in both modes; unsafe_examples only matters once run_canary_audit sets mode='unsafe'.
         # 0 means every record of the audited private set (at most n_records + n_canaries).
@@ -186,6 +193,9 @@ def canaries(
         # The auditor's own private records (the task's private set is replaced, never read).
         records = generate_support_examples(n_records, seed=10_000 + seed)
         console.print(f"L2 audit ({mode}): {n_canaries} canaries, {n_records} records; loading the engine...")
+        if mode == "fewshot":
+            console.print(f"fewshot mode, NOT private: no optimisation; the release is the seed prompt plus {demos} "
+                          "raw private records (a positive control)", markup=False, highlight=False)
         engine = _make_engine(threads)
 
         def progress(report) -> None:
@@ -196,7 +206,7 @@ def canaries(
         result = run_canary_audit(task, engine, config, records=records, n_canaries=n_canaries, seed=seed,
                                   mode=mode, options=options, runs_root=runs_dir, evaluate=evaluate,
                                   task_name="support (built-in, audit)", canary_path=save_canaries,
-                                  on_generation=progress, log=log)  # type: ignore[arg-type]
+                                  on_generation=progress, log=log, n_demos=demos)  # type: ignore[arg-type]
     except typer.Exit:
         raise
     except (ValueError, FileNotFoundError) as exc:
@@ -206,7 +216,8 @@ def canaries(
         raise typer.Exit(EXIT_VIOLATION) from None
 
     audit = result.audit
-    table = Table(title=f"L2 canary audit ({mode}): {audit['canaries']['n_members']} members, "
+    label = f"{mode}, NOT private" if mode == "fewshot" else mode
+    table = Table(title=f"L2 canary audit ({label}): {audit['canaries']['n_members']} members, "
                         f"{audit['canaries']['n_nonmembers']} non-members")
     fpr = options.fprs[0]
     for column in ("attack", "ROC-AUC [95% CI]", "PR-AUC [95% CI]", f"TPR@{fpr:g} FPR", "Cohen's d",
@@ -225,7 +236,8 @@ def canaries(
                           _fmt(attack["one_run"]["epsilon"]), _fmt(attack["gdp_estimate"]["epsilon"]))
     console.print(table)
     leakage, claim = audit["leakage"], audit["claim"]
-    claimed = "none (unsafe mode)" if claim["epsilon"] is None else _fmt(claim["epsilon"])
+    claimed = ("none (fewshot: NOT private)" if mode == "fewshot" else "none (unsafe mode)") \
+        if claim["epsilon"] is None else _fmt(claim["epsilon"])
     gdp = audit["gdp_estimate"]
     ceiling = audit.get("eps_lb", {}).get("ceiling")
     console.print(f"claimed epsilon {claimed} (delta {claim['delta']:.2g}); eps_lb {_fmt(result.eps_lb)} "
@@ -239,7 +251,11 @@ def canaries(
     console.print(f"verdict: {result.verdict}", markup=False, highlight=False)
     console.print(f"run directory: {result.run_dir} (audit.json, report.md); took {result.seconds:.0f} s",
                   markup=False, highlight=False, soft_wrap=True)
-    if result.violation or (mode == "unsafe" and require_leak and not result.leak_detected):
+    shown = audit.get("settings", {}).get("fewshot", {}).get("member_canaries_shown")
+    if shown is not None:
+        console.print(f"member canaries among the {demos} raw demonstrations: {len(shown)} ({', '.join(shown)})",
+                      markup=False, highlight=False)
+    if result.violation or (mode in ("unsafe", "fewshot") and require_leak and not result.leak_detected):
         raise typer.Exit(EXIT_VIOLATION)
 
 

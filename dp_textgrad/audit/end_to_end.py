@@ -9,7 +9,10 @@ One audit is one optimisation run (a one-run audit, Steinke, Nasr & Jagielski 20
 2. :func:`dp_textgrad.workflow.run` optimises a prompt on that private set into a run
    directory (``mode="dp"``: the library's DP-ES; ``mode="unsafe"``: the same loop with
    ``config.unsafe_examples`` raw private records, canaries included, shown to the
-   mutator, the positive control that must leak).
+   mutator, the positive control that must leak; ``mode="fewshot"``: no optimisation, the
+   release is the seed prompt plus ``n_demos`` raw private records, what a naive few-shot
+   prompt builder ships: NOT private, the positive control that checks the attacks and the
+   audit's plumbing on the real model).
 3. The released prompt is attacked, for ALL canaries: secret in the prompt text
    (verbatim, longest common substring), greedy extraction, top-k token hit rates,
    exposure, and the membership scores of :func:`membership_scores` (LOSS, zlib,
@@ -66,7 +69,11 @@ if TYPE_CHECKING:
     from dp_textgrad.dp_es.controller import GenerationReport
     from dp_textgrad.engines.base import Engine
 
-AuditMode = Literal["dp", "unsafe"]
+AuditMode = Literal["dp", "unsafe", "fewshot"]
+AUDIT_MODES: tuple[str, ...] = ("dp", "unsafe", "fewshot")
+DEFAULT_FEWSHOT_DEMOS = 8
+FEWSHOT_NOTE = ("fewshot mode: no optimisation; the released prompt is the seed prompt plus raw private records "
+                "(a naive few-shot prompt builder). NOT differentially private; no guarantee is claimed")
 
 AUDIT_VERSION = 1
 AUDIT_KIND = "audit_l2"
@@ -412,8 +419,9 @@ def _judge(mode: AuditMode, claim: float | None, part: dict[str, Any]) -> dict[s
                        f"{claim:.3f}" if claim is not None else "no violation shown")
             verdict += " (this proves nothing about privacy)"
     else:
-        verdict = ("LEAK DETECTED (the positive control works): " + "; ".join(signals) if signals else
-                   "NO LEAK DETECTED: the positive control failed to show a leak (see docs/audit.md)")
+        control = "the few-shot positive control, NOT private," if mode == "fewshot" else "the positive control"
+        verdict = (f"LEAK DETECTED ({control} works): " + "; ".join(signals) if signals else
+                   f"NO LEAK DETECTED: {control} failed to show a leak (see docs/audit.md)")
     return {"violation": violation, "leak_detected": bool(signals), "leak_signals": signals,
             "significant_auc_attacks": significant, "verdict": verdict}
 
@@ -421,10 +429,61 @@ def _judge(mode: AuditMode, claim: float | None, part: dict[str, Any]) -> dict[s
 # -- the whole audit ----------------------------------------------------------------------------
 
 
+def _fewshot_settings(n_demos: int, positions: Sequence[int], insertion: Any) -> dict[str, Any]:
+    """What ``audit.json`` says about a few-shot release: positions and canary ids only, no text."""
+    shown = dict(zip(insertion.positions, insertion.canary_ids))
+    return {"n_demos": n_demos, "demo_positions": list(positions),
+            "member_canaries_shown": [shown[p] for p in positions if p in shown], "note": FEWSHOT_NOTE}
+
+
 def canary_fingerprint(canary_set: CanarySet) -> str:
     """SHA-256 of the canary file's JSON: identifies the canaries without storing their secrets."""
     payload = json.dumps(canary_set.to_dict(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _fewshot_run(task: ClassificationTask, private: Sequence[Example], engine: "Engine",
+                 config: "DPESConfig", *, n_demos: int, seed: int, runs_root: str | Path,
+                 run_dir: str | Path | None, evaluate: bool, task_name: str, engine_name: str) -> Any:
+    """The ``fewshot`` release written as a run directory (no optimisation; NOT private).
+
+    ``n_demos`` of the audited ``private`` records (the auditor's list, members included),
+    drawn at random by ``seed`` and kept in their order, are appended to the seed prompt with
+    ``task.render_demo``. Returns a :class:`dp_textgrad.workflow.RunOutcome` (``optimizer=None``)
+    and the drawn positions.
+    """
+    from dp_textgrad import runs
+    from dp_textgrad.dp_es.controller import RunResult
+    from dp_textgrad.workflow import Evaluation, RunOutcome
+
+    started = time.perf_counter()
+    positions = sorted(int(i) for i in np.random.default_rng([seed, 0xFE5]).choice(len(private), n_demos,
+                                                                                    replace=False))
+    parts = [task.seed_prompt.strip()] if task.seed_prompt.strip() else []
+    prompt = "\n\n".join(parts + [task.render_demo(private[i]) for i in positions])
+    directory = Path(run_dir) if run_dir is not None else runs.new_run_dir(runs_root)
+    directory.mkdir(parents=True, exist_ok=True)
+    resolved = config.resolved(len(private))
+    fewshot = {"n_demos": n_demos, "seed": seed, "note": FEWSHOT_NOTE}
+    runs.write_json(directory / "config.json", {"task": task_name, "engine": engine_name, "fewshot": fewshot,
+                                               "config": {}, "seed_prompt": task.seed_prompt,
+                                               "dataset_size": len(private)})
+    (directory / "released_prompt.txt").write_text(prompt + "\n", encoding="utf-8")
+    result = RunResult(prompt=prompt, candidate_id="fewshot", estimate=None, epsilon=math.inf,
+                       delta=float(resolved.delta), epsilons={}, generations_run=0,
+                       stopped_because="fewshot mode: no optimisation (seed prompt plus raw private records)",
+                       unsafe=True)
+    evaluation = None
+    if evaluate and task.test:
+        evaluation = Evaluation(task.accuracy(engine, task.seed_prompt), task.accuracy(engine, prompt), len(task.test))
+    seconds = time.perf_counter() - started
+    runs.write_json(directory / "result.json", {**result.as_dict(), "epsilon": None, "fewshot": fewshot,
+                                                "evaluation": evaluation.__dict__ if evaluation else None,
+                                                "seconds": seconds})
+    runs.append_run_log(directory.parent, {"run_dir": directory.name, "task": task_name, "engine": engine_name,
+                                           "fewshot": fewshot, "private": False, "epsilon": None, "unsafe": True,
+                                           "seconds": seconds, "machine": runs.machine_summary()})
+    return RunOutcome(directory, result, evaluation, seconds, None), positions  # type: ignore[arg-type]
 
 
 def run_canary_audit(
@@ -445,6 +504,7 @@ def run_canary_audit(
     canary_path: str | Path | None = None,
     on_generation: "Callable[[GenerationReport], None] | None" = None,
     log: bool = True,
+    n_demos: int = DEFAULT_FEWSHOT_DEMOS,
 ) -> CanaryAuditResult:
     """One L2 audit: canaries into ``records``, one optimisation run, attacks on the release.
 
@@ -455,6 +515,11 @@ def run_canary_audit(
     ``config.mode = "unsafe"``: the positive control, NOT differentially private;
     ``config.unsafe_examples`` private records (canary or not, drawn at random; all
     of them when it is at least the private set's size) then reach the mutator.
+    ``mode="fewshot"`` runs no optimisation: the release is the task's seed prompt plus
+    ``n_demos`` records of the audited private set (members included, drawn at random by
+    ``seed``, rendered with ``task.render_demo``), what a naive few-shot prompt builder
+    ships: a positive control that checks the attacks end to end, NOT private (``config``
+    only gives delta).
     Writes ``audit.json`` into the run directory, rebuilds the report with its audit
     section, and appends one ``"kind": "audit_l2"`` line to the run log of the run's
     parent directory (``log=False``: no line). ``canary_path``: where to save the
@@ -465,14 +530,18 @@ def run_canary_audit(
     from dp_textgrad.report import write_report
 
     options = options or CanaryAuditOptions()
-    if mode not in ("dp", "unsafe"):
-        raise ValueError(f"mode: use 'dp' or 'unsafe', got {mode!r}")
+    if mode not in AUDIT_MODES:
+        raise ValueError(f"mode: use 'dp', 'unsafe' or 'fewshot', got {mode!r}")
     if mode == "dp" and config.mode != "public":
         raise ValueError("mode: a 'dp' audit needs config.mode='public' (the config asks for unsafe mode); "
                          "use mode='unsafe' for the positive control")
     if isinstance(n_canaries, bool) or not isinstance(n_canaries, int) or n_canaries < 1:
         raise ValueError(f"n_canaries: must be an integer >= 1, got {n_canaries!r}")
+    if isinstance(n_demos, bool) or not isinstance(n_demos, int) or n_demos < 1:
+        raise ValueError(f"n_demos: must be an integer >= 1, got {n_demos!r}")
     records = list(records)
+    if mode == "fewshot" and n_demos > len(records):
+        raise ValueError(f"n_demos: {n_demos} demonstrations need at least {n_demos} records, got {len(records)}")
     if len(records) < n_canaries:
         raise ValueError(f"records: {n_canaries} canaries need at least {n_canaries} canary-free records to be "
                          f"spread over, got {len(records)}")
@@ -491,9 +560,15 @@ def run_canary_audit(
     run_config = config.model_copy(update={"mode": "unsafe"}) if mode == "unsafe" else config
     engine_name = engine_name or str(getattr(engine, "model_string", type(engine).__name__))
 
-    outcome = workflow.run(audited_task, engine, run_config, runs_root=runs_root, run_dir=run_dir,
-                           evaluate=evaluate, on_generation=on_generation, task_name=task_name,
-                           engine_name=engine_name)
+    demo_positions: list[int] = []
+    if mode == "fewshot":
+        outcome, demo_positions = _fewshot_run(task, insertion.records, engine, run_config, n_demos=n_demos, seed=seed,
+                                               runs_root=runs_root, run_dir=run_dir, evaluate=evaluate,
+                                               task_name=task_name, engine_name=engine_name)
+    else:
+        outcome = workflow.run(audited_task, engine, run_config, runs_root=runs_root, run_dir=run_dir,
+                               evaluate=evaluate, on_generation=on_generation, task_name=task_name,
+                               engine_name=engine_name)
     optimise_seconds = time.perf_counter() - started
     result = outcome.result
     reference = task.seed_prompt
@@ -525,6 +600,7 @@ def run_canary_audit(
             "config": run_config.model_dump(),
             "evaluate": evaluate,
             "reference_prompt": "the task's seed prompt",
+            **({"fewshot": _fewshot_settings(n_demos, demo_positions, insertion)} if mode == "fewshot" else {}),
         },
         "canaries": {
             "n": n_canaries,
@@ -544,8 +620,10 @@ def run_canary_audit(
             "unsafe": bool(result.unsafe),
             "mechanism_epsilon": mechanism_epsilon,
             "epsilon_by_accountant": {k: _finite_or_none(v) for k, v in result.epsilons.items()},
-            "source": "the run's privacy ledger (result.json)",
-            "note": "unsafe mode: raw private records reached the mutator; no guarantee is claimed"
+            "source": "none (fewshot mode runs no mechanism)" if mode == "fewshot"
+                      else "the run's privacy ledger (result.json)",
+            "note": FEWSHOT_NOTE if mode == "fewshot" else
+                    "unsafe mode: raw private records reached the mutator; no guarantee is claimed"
                     if result.unsafe else "",
         },
         **part,
@@ -560,6 +638,7 @@ def run_canary_audit(
             "command": "audit canaries",
             "run_dir": outcome.run_dir.name,
             "mode": mode,
+            **({"private": False, "note": FEWSHOT_NOTE} if mode == "fewshot" else {}),
             "task": task_name,
             "engine": engine_name,
             "settings": audit["settings"],
@@ -587,6 +666,7 @@ def read_audit(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "AUDIT_FILE_NAME", "AuditMode", "CanaryAuditOptions", "CanaryAuditResult", "LEAKAGE_ATTACKS", "STATEMENT",
+    "AUDIT_FILE_NAME", "AUDIT_MODES", "AuditMode", "CanaryAuditOptions", "CanaryAuditResult", "DEFAULT_FEWSHOT_DEMOS",
+    "LEAKAGE_ATTACKS", "STATEMENT",
     "attack_release", "canary_fingerprint", "read_audit", "run_canary_audit",
 ]
