@@ -12,7 +12,9 @@ seed prompt and the same schedule of LLM work: ``generations`` rounds of
   records, each update kept only if it does not score worse on ``records`` fresh
   private records: TextGrad's validate-and-revert recipe);
 * ``dp_gaussian_eps{E}``: DP-ES, Gaussian noisy scores (+ DP confusion-matrix feedback);
-* ``dp_exponential_eps{E}``: DP-ES, exponential-mechanism (one-shot Gumbel) top-k.
+* ``dp_exponential_eps{E}``: DP-ES, exponential-mechanism (one-shot Gumbel) top-k;
+* ``dp_gaussian_eps{E}_noshrink``: Gaussian DP-ES ranking by the raw noisy estimates
+  (``shrinkage=False``) instead of the empirical-Bayes shrunk ones.
 
 DP runs use delta = min(1e-5, 1/(10 N)); their noise is calibrated to spend at most
 (E, delta) on the whole run under the tightest valid accountant.
@@ -29,7 +31,7 @@ are rebuilt from that file::
 
     python benchmarks/privacy_utility.py                       # the documented grid, resumable
     python benchmarks/privacy_utility.py --summarise-only      # rebuild JSON and plots
-    python benchmarks/privacy_utility.py --plan smoke --work-dir /tmp/pu --output /tmp/pu.json --no-plots
+    python benchmarks/privacy_utility.py --plan smoke --work-dir smoke-work --output smoke.json --no-plots
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ def plan_jobs(plan: str, seeds: int) -> list[Job]:
     for seed in range(seeds):
         jobs += [Job("sst2_n2000", m, seed, trace=(seed == 0 and m in ("nonprivate", "dp_gaussian_eps4")))
                  for m in main]
+    # Shrinkage only acts on Gaussian scores: the same runs ranking by raw noisy estimates.
+    for seed in range(seeds):
+        jobs += [Job("sst2_n2000", f"dp_gaussian_eps{e:g}_noshrink", seed) for e in (1.0, 4.0)]
     reduced = ["nonprivate", "dp_gaussian_eps1", "dp_gaussian_eps4", "dp_exponential_eps4"]
     for regime in ("banking10", "sst2_n20000"):
         jobs.append(Job(regime, "seed", 0))
@@ -184,13 +189,17 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
                                     parents=schedule.parents, sampling_rate=min(1.0, schedule.records / n),
                                     seed=job.seed)
     epsilon_target = None
-    if job.method == "nonprivate":
+    method = job.method
+    if method.endswith("_noshrink"):
+        settings.update(shrinkage=False)
+        method = method.removesuffix("_noshrink")
+    if method == "nonprivate":
         settings.update(privacy="off")
-    elif job.method.startswith("dp_gaussian_eps"):
-        epsilon_target = float(job.method.removeprefix("dp_gaussian_eps"))
+    elif method.startswith("dp_gaussian_eps"):
+        epsilon_target = float(method.removeprefix("dp_gaussian_eps"))
         settings.update(epsilon=epsilon_target, selection="gaussian")
-    elif job.method.startswith("dp_exponential_eps"):
-        epsilon_target = float(job.method.removeprefix("dp_exponential_eps"))
+    elif method.startswith("dp_exponential_eps"):
+        epsilon_target = float(method.removeprefix("dp_exponential_eps"))
         settings.update(epsilon=epsilon_target, selection="exponential", feedback="none")
     else:
         raise ValueError(f"method: unknown {job.method!r}")
@@ -415,7 +424,8 @@ def plot(summary: dict[str, Any], rows: list[dict[str, Any]], img_dir: Path) -> 
     for ax, regime in zip(axes[0], regimes):
         methods = summary[regime]["methods"]
         for kind, marker in (("gaussian", "o"), ("exponential", "s")):
-            points = sorted((float(m.split("eps")[1]), v) for m, v in methods.items() if m.startswith(f"dp_{kind}_"))
+            points = sorted((float(m.split("eps")[1]), v) for m, v in methods.items()
+                            if m.startswith(f"dp_{kind}_") and not m.endswith("_noshrink"))
             if not points:
                 continue
             xs = [p[0] for p in points]
@@ -505,9 +515,10 @@ def _fmt_ci(values: dict[str, Any]) -> str:
 def method_order(name: str) -> tuple:
     fixed = {"seed": 0, "nonprivate": 1, "tgd": 2}
     if name in fixed:
-        return (fixed[name], 0.0)
+        return (fixed[name], 0.0, False)
     kind, eps = name.removeprefix("dp_").split("_eps")
-    return (3 if kind == "gaussian" else 4, float(eps))
+    noshrink = eps.endswith("_noshrink")
+    return (3 if kind == "gaussian" else 4, float(eps.removesuffix("_noshrink")), noshrink)
 
 
 def markdown_tables(result: dict[str, Any]) -> str:
@@ -546,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--img-dir", type=Path, default=DEFAULT_IMG_DIR)
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--regimes", default=None, help="comma-separated subset of regimes to run")
+    parser.add_argument("--methods", default=None, help="comma-separated subset of methods to run")
+    parser.add_argument("--max-seeds", type=int, default=None, help="run only seeds below this")
     parser.add_argument("--shard", default="0/1", help="i/n: run every n-th job starting at i (parallel workers)")
     parser.add_argument("--max-minutes", type=float, default=None, help="start no new job after this long")
     parser.add_argument("--summarise-only", action="store_true")
@@ -566,7 +580,14 @@ def main(argv: list[str] | None = None) -> int:
 
         index, count = (int(v) for v in args.shard.split("/"))
         done = {f"{r['regime']}/{r['method']}/{r['seed']}" for r in read_runs(work_file)}
-        jobs = [j for k, j in enumerate(plan_jobs(args.plan, args.seeds)) if k % count == index and j.key not in done]
+        wanted = plan_jobs(args.plan, args.seeds)
+        if args.regimes:
+            wanted = [j for j in wanted if j.regime in args.regimes.split(",")]
+        if args.methods:
+            wanted = [j for j in wanted if j.method in args.methods.split(",")]
+        if args.max_seeds is not None:
+            wanted = [j for j in wanted if j.seed < args.max_seeds]
+        jobs = [j for k, j in enumerate(wanted) if k % count == index and j.key not in done]
         print(f"{len(done)} runs already in {work_file}; {len(jobs)} to do in shard {args.shard}", flush=True)
         engine = LlamaCppEngine(n_threads=args.threads)
         tasks: dict[str, Any] = {}

@@ -45,7 +45,8 @@ def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
     bench = load_benchmark()
     jobs = bench.plan_jobs("full", 3)
     first = [j for j in jobs if j.regime == "sst2_n2000"]
-    assert {j.method for j in first} == {"seed", "nonprivate", "tgd", *bench.dp_methods()}
+    assert {j.method for j in first} == {"seed", "nonprivate", "tgd", *bench.dp_methods(),
+                                         "dp_gaussian_eps1_noshrink", "dp_gaussian_eps4_noshrink"}
     assert len({j.key for j in jobs}) == len(jobs)
     assert jobs.index(first[-1]) < min(jobs.index(j) for j in jobs if j.regime != "sst2_n2000")
 

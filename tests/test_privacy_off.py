@@ -85,3 +85,22 @@ def test_score_exact_refuses_a_private_ledger(task) -> None:
         scorer.score_exact([_Candidate()])
     assert (scorer.engine.usage.calls if hasattr(scorer.engine, "usage") else 0) == calls_before
     assert np.isfinite(ledger.epsilon()) and ledger.entries == []
+
+
+def test_shrinkage_off_ranks_by_the_pooled_noisy_estimates(task) -> None:
+    prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
+    opt = DPEvolutionStrategy([prompt], task=task, engine=make_engine(), epsilon=2.0, sampling_rate=0.5,
+                              generations=1, population=4, parents=2, seed=3, insecure_noise_seed=11,
+                              shrinkage=False)
+    assert opt.step() is not None
+    evaluated = [c for c in opt.population.archive if c.evaluations]
+    raw = {c.id: c.mean_estimate for c in evaluated}
+    assert opt.population.shrunk_estimates() == pytest.approx(raw)  # no shrinkage applied
+    on = DPEvolutionStrategy([tg.Variable(task.seed_prompt, role_description="i", requires_grad=True)], task=task,
+                             engine=make_engine(), epsilon=2.0, sampling_rate=0.5, generations=1, population=4,
+                             parents=2, seed=3, insecure_noise_seed=11)
+    assert on.step() is not None
+    shrunk = on.population.shrunk_estimates()
+    raw_on = {c.id: c.mean_estimate for c in on.population.archive if c.evaluations}
+    spread = lambda values: max(values) - min(values)  # noqa: E731
+    assert spread(list(shrunk.values())) < spread(list(raw_on.values()))  # shrinkage pulls estimates together

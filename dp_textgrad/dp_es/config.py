@@ -46,6 +46,7 @@ class DPESConfig(BaseModel):
     privacy: PrivacyKind = Field(
         "dp", description="'off': NON-PRIVATE baseline (exact scores, no noise, no budget; ledger says so)"
     )
+    shrinkage: bool = Field(True, description="rank candidates by empirical-Bayes shrunk estimates (free)")
     use_critiques: bool = Field(True, description="ask the LLM for critiques of the parents before rewriting")
     seed: int = Field(0, description="seed of non-private choices (mutations); never of DP noise")
     insecure_noise_seed: int | None = Field(

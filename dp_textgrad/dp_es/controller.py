@@ -105,6 +105,11 @@ def format_validation_error(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _no_shrinkage(means: np.ndarray, variances: np.ndarray) -> np.ndarray:
+    """Rank by the pooled noisy estimates themselves (``shrinkage=False``)."""
+    return np.asarray(means, dtype=float)
+
+
 class EvolutionController(Optimizer):
     """A TextGrad ``Optimizer`` running DP-ES on one prompt ``Variable``.
 
@@ -183,7 +188,8 @@ class EvolutionController(Optimizer):
                 task_description=PublicText(task.description, "user"),
                 rng=self.public_rng,
             )
-        self.population = PopulationManager(config.population, config.elites, self.public_rng)
+        self.population = PopulationManager(config.population, config.elites, self.public_rng,
+                                            shrink=None if config.shrinkage else _no_shrinkage)
         # DP feedback sentences per candidate id (the confusion matrix describes one candidate).
         self._pending_feedback: dict[str, list[PublicText]] = {}
         if config.mode == "unsafe" and not ledger.unsafe:
@@ -426,7 +432,8 @@ class EvolutionController(Optimizer):
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.generation = int(state["generation"])
-        self.population = PopulationManager.from_dict(state["population"], rng=self.public_rng)
+        self.population = PopulationManager.from_dict(state["population"], rng=self.public_rng,
+                                                      shrink=None if self.config.shrinkage else _no_shrinkage)
         self.public_rng.bit_generator.state = state["public_rng_state"]
         self.history = [GenerationReport(**h) for h in state.get("history", [])]
         self.stopped_because = None
