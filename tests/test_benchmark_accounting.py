@@ -99,7 +99,9 @@ def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
         previous = None
         for row in sorted(case["noise"], key=lambda r: r["epsilon_target"]):
             target, params, reached = row["epsilon_target"], row["parameters"], row["epsilon_reached"]
-            tolerance = 0.02 if gaussian else 1e-4  # rtol on the parameter, as a relative gap in epsilon
+            # rtol on the parameter, as a relative gap in epsilon (PLD is piecewise constant in eps0 at
+            # its 1e-4 grid, so its crossing is only reachable to about that grid)
+            tolerance = 0.02 if gaussian else 1e-3
             for name in accountants + ["library"]:
                 # The calibrated parameter reproduces the target and never exceeds it.
                 assert target * (1 - tolerance) <= reached[name] <= target, (selection, target, name)
