@@ -89,7 +89,6 @@ import math
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -112,6 +111,8 @@ from dp_textgrad.dp_es.accountant import (  # noqa: E402
 )
 from dp_textgrad.dp_es.config import DPESConfig  # noqa: E402
 from dp_textgrad.dp_es.controller import RunPlan  # noqa: E402
+from dp_textgrad._io import atomic_write_text  # noqa: E402
+from dp_textgrad.runs import code_version  # noqa: E402
 
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "accounting.json"
 ACCOUNTANTS = ("basic", "drv", "kov", "rdp", "pld")
@@ -455,13 +456,6 @@ def tables(cases: Sequence[dict[str, Any]], markdown: bool) -> str:
     return "\n".join(out)
 
 
-def code_version() -> str:
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def machine() -> dict[str, Any]:
@@ -545,10 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         "code_version": code_version(),
     }
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = out.with_name(out.name + ".tmp")
-    scratch.write_text(json.dumps(_json_float(result), indent=2) + "\n", encoding="utf-8")
-    os.replace(scratch, out)
+    atomic_write_text(out, json.dumps(_json_float(result), indent=2) + "\n")
 
     print(tables(cases, args.markdown))
     summary = result["summary"]

@@ -25,7 +25,6 @@ import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,13 +83,6 @@ def load_records(path: Path, n: int) -> list[tuple[str, int]]:
     return records
 
 
-def code_version() -> str:
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def last_logits(llama_cpp, llm, n_vocab: int) -> np.ndarray:
@@ -98,6 +90,9 @@ def last_logits(llama_cpp, llm, n_vocab: int) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dp_textgrad._io import atomic_write_text
+    from dp_textgrad.runs import code_version
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200, help="number of SST-2 dev records (default 200)")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="where to write the JSON results")
@@ -224,10 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         "code_version": code_version(),
     }
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = out.with_name(out.name + ".tmp")
-    scratch.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    os.replace(scratch, out)
+    atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     ratios, absolute = result["ratios"], result["absolute"]
     print(f"records: {n}, prefix tokens: {len(prefix_ids)}, mean record tokens: {absolute['mean_record_tokens']:.1f}")
     print(f"library {absolute['library_records_per_s']:.2f} records/s vs naive {absolute['naive_records_per_s']:.2f}"

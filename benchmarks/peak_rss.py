@@ -34,13 +34,6 @@ TARGET_MB = 2048.0
 SMOKE_SETTINGS = {"generations": 1, "population": 2, "n_private": 40, "sampling_rate": 0.25}
 
 
-def code_version() -> str:
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def child(settings: dict) -> None:
@@ -70,6 +63,8 @@ def peak_rss_mb_of_children() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dp_textgrad.runs import code_version
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--generations", type=int, default=2)
     parser.add_argument("--population", type=int, default=3)

@@ -40,8 +40,6 @@ import argparse
 import datetime as dt
 import hashlib
 import json
-import math
-import os
 import sys
 import time
 import warnings

@@ -236,7 +236,7 @@ def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any]
         "",
         f"- epsilon spent: **{result['epsilon']:.4g}** (budget {cfg.get('epsilon')}), delta = {result['delta']:.3g}"
         if not result.get("unsafe") else "- epsilon: not differentially private (unsafe mode)",
-        f"- unit of privacy: one record; neighbouring datasets differ by adding or removing one record",
+        "- unit of privacy: one record; neighbouring datasets differ by adding or removing one record",
         f"- selection: {cfg.get('selection')}; noise multiplier z = {config.get('noise_multiplier')}; "
         f"per-selection epsilon0 = {config.get('selection_epsilon')}",
         f"- schedule: {cfg.get('generations')} generations, population {cfg.get('population')}, "

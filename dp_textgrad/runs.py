@@ -31,11 +31,11 @@ def new_run_dir(root: str | Path = "runs", prefix: str = "run") -> Path:
 
 
 def code_version() -> str:
-    """The package version plus the git commit when run from a checkout."""
+    """The package version plus the git commit (``-dirty`` with local edits) when run from a checkout."""
     here = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(here), "describe", "--always", "--dirty"],
             capture_output=True, text=True, timeout=5, check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
