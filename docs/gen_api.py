@@ -22,6 +22,7 @@ MODULES = (
     "dp_textgrad",
     "dp_textgrad.dp_es.config",
     "dp_textgrad.dp_es.controller",
+    "dp_textgrad.release",
     "dp_textgrad.dp_es.accountant",
     "dp_textgrad.dp_es.events",
     "dp_textgrad.dp_es.private",

@@ -23,7 +23,8 @@ from rich.console import Console
 
 from dp_textgrad.dp_es.config import DPESConfig
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# Tracebacks (--debug) never show local variables: they would print raw private records.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Differentially private prompt optimization (DP-ES on TextGrad).")
 console = Console(stderr=False)
 err = Console(stderr=True)
@@ -322,17 +323,16 @@ class _GracefulStop:
 def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str, runs_root: Path,
                        run_dir: Optional[Path] = None, resume: bool = False, evaluate: bool = True,
                        stop: Optional[_GracefulStop] = None):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TextColumn
 
     from dp_textgrad import workflow
 
+    # Release-safe fields only: no wall time and no private-phase tokens (both time the secret
+    # subsample); the public-phase tokens are shown instead.
     progress = Progress(
         TextColumn("[bold]generation {task.completed}/{task.total}"),
         BarColumn(),
-        TextColumn("best {task.fields[best]}  eps {task.fields[eps]}  tokens {task.fields[tokens]}"),
-        TimeElapsedColumn(),
-        TextColumn("left"),
-        TimeRemainingColumn(),
+        TextColumn("best {task.fields[best]}  eps {task.fields[eps]}  public tokens {task.fields[tokens]}"),
         console=console,
         transient=False,
     )
@@ -352,9 +352,15 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
         console.print(
             f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
             f"({cfg.generations} generations x {cfg.population} candidates, q = {cfg.sampling_rate:.4f}, "
-            f"about {cfg.sampling_rate * len(task.private_train):.0f} of {len(task.private_train)} private records "
+            f"about {cfg.sampling_rate * optimizer.public_dataset_size:.0f} of N = {optimizer.public_dataset_size} "
+            "private records (N is public) "
             f"per generation).{resumed}\n[bold]Mechanism[/]: {mech}."
         )
+        console.print(f"[bold]Records[/]: private records longer than {cfg.max_record_tokens} engine tokens are "
+                      + ("truncated to that public cap (a per-record map, applied before any charge)."
+                         if cfg.long_records == "truncate" else "rejected before any charge."))
+        if not optimizer.noise.secure:
+            console.print(f"[bold red]{optimizer.noise.sampler}.[/]", markup=True, highlight=False)
         if cfg.privacy == "off":
             console.print("[bold red]privacy off: a non-private baseline. NOT differentially private.[/]")
         if cfg.mode == "unsafe":
@@ -366,7 +372,7 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
     def on_generation(report) -> None:
         progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
                         eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}",
-                        tokens=report.prompt_tokens + report.completion_tokens)
+                        tokens=report.public_prompt_tokens + report.public_completion_tokens)
         # The checkpoint of this generation is on disk now; after the last one, just finish.
         if stop is not None and stop.requested and report.generation + 1 < holder["generations"]:
             raise _StopAfterCheckpoint
@@ -393,12 +399,19 @@ def _print_outcome(outcome) -> None:
         ev = outcome.evaluation
         console.print(f"[bold]Test accuracy[/] (n={ev.n_test}, not covered by DP): seed {ev.seed_accuracy:.3f} -> "
                       f"released {ev.released_accuracy:.3f}")
+    usage = result.public_usage
+    console.print(f"[bold]Cost[/] (public figures): {result.generations_run} generations x about "
+                  f"{result.planned_private_evaluations:.0f} planned private record evaluations; public phase "
+                  f"(mutation, critiques, preflight) {usage.get('calls', 0)} calls, "
+                  f"{usage.get('prompt_tokens', 0) + usage.get('completion_tokens', 0)} tokens. The real private-phase "
+                  "usage and time are operator-only (operator/ in the run directory: do not share).", soft_wrap=True)
     console.print(f"[bold]Run directory[/]: {outcome.run_dir}\n[bold]Report[/]: {outcome.run_dir / 'report.html'} "
-                  f"(and report.md); took {outcome.seconds:.0f} s", soft_wrap=True)
+                  "(and report.md)", soft_wrap=True)
 
 
 def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -> Any:
     """Run ``action`` and turn its failures into one line and an exit code."""
+    from dp_textgrad.dp_es.private import PrivateScoringError
     from dp_textgrad.engines.base import EngineError
 
     try:
@@ -415,6 +428,10 @@ def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -
         raise
     except _bad_input_types() as exc:
         _fail(exc, EXIT_BAD_INPUT)
+    except PrivateScoringError as exc:
+        directory = run_dir()
+        hint = f"; resume with `dp-textgrad optimize --resume {directory}`" if directory is not None else ""
+        _fail(RuntimeError(f"{exc}{hint}"), EXIT_FAILURE)
     except (EngineError, RuntimeError, OSError) as exc:
         _fail(exc, EXIT_FAILURE)
     except Exception as exc:  # a bug: name its type only (its message might quote data)

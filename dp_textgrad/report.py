@@ -241,7 +241,7 @@ def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any]
         f"per-selection epsilon0 = {config.get('selection_epsilon')}",
         f"- schedule: {cfg.get('generations')} generations, population {cfg.get('population')}, "
         f"parents {cfg.get('parents')}, sampling rate q = {cfg.get('sampling_rate')}",
-        f"- noise: {'INSECURE reproducible seed (research only)' if cfg.get('insecure_noise_seed') is not None else 'OS entropy'}",
+        f"- noise: {result.get('noise') or config.get('noise') or ('INSECURE reproducible seed (research only)' if cfg.get('insecure_noise_seed') is not None else 'OS entropy')}",
         "",
         "| accountant | epsilon |",
         "|---|---|",
@@ -268,16 +268,18 @@ def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any]
             "",
         ]
     if metrics:
-        lines += ["## Generations (noisy statistics only)", "",
-                  "| gen | best estimate | mean estimate | epsilon spent | calls | tokens | seconds |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["## Generations (noisy statistics and public costs only)", "",
+                  "| gen | best estimate | mean estimate | epsilon spent | public calls | public tokens |",
+                  "|---|---|---|---|---|---|"]
         for m in metrics:
             lines.append(
                 f"| {m['generation']} | {m['best_estimate']:.3f} | {m['mean_estimate']:.3f} | "
-                f"{m['epsilon_spent']:.4g} | {m['engine_calls']} | {m['prompt_tokens'] + m['completion_tokens']} | "
-                f"{m['seconds']:.1f} |"
+                f"{m['epsilon_spent']:.4g} | {m.get('public_calls', '-')} | "
+                f"{m.get('public_prompt_tokens', 0) + m.get('public_completion_tokens', 0)} |"
             )
-        lines.append("")
+        lines += ["", "Public costs are the mutation, critique and preflight calls, which see public text and DP "
+                  "outputs only. The private scoring phase's real usage and time are derived from the secret "
+                  "subsample and are not shown (they stay in the run's operator/ folder).", ""]
     for name, ref in images.items():
         if not name.startswith("audit_"):
             lines += [f"![{name}]({ref})", ""]

@@ -4,6 +4,10 @@
 metrics, the released prompt and the report (plus ``audit.json`` after an end-to-end
 canary audit, see :mod:`dp_textgrad.audit.end_to_end`). Nothing in it holds raw private
 text unless the run was in unsafe mode (and then the report says so at the top).
+
+Every structured file goes through :mod:`dp_textgrad.release`: its released part is
+written here, its operator-only part under ``operator/`` (real private-phase usage and
+time, raw engine error text), which nothing that is shared reads.
 """
 
 from __future__ import annotations
@@ -20,7 +24,21 @@ from typing import Any
 
 from dp_textgrad import __version__, _io
 
+from dp_textgrad import release
+
 RUN_LOG_NAME = "run_metadata.jsonl"
+CONFIG_NAME = "config.json"
+CHECKPOINT_NAME = "checkpoint.json"
+LEDGER_NAME = "ledger.jsonl"
+METRICS_NAME = "metrics.jsonl"
+RESULT_NAME = "result.json"
+PROMPT_NAME = "released_prompt.txt"
+OPERATOR_DIR = "operator"
+OPERATOR_README = (
+    "Operator-only values: derived from private data WITHOUT noise (real usage, tokens and wall time of\n"
+    "the private scoring phase; raw engine error text). They are not covered by the run's (epsilon, delta)\n"
+    "guarantee. Do not share this folder; reports, result.json, metrics.jsonl and the run log never read it.\n"
+)
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "run") -> Path:
@@ -51,11 +69,62 @@ def machine_summary() -> dict[str, Any]:
     }
 
 
-def append_run_log(root: str | Path, record: dict[str, Any]) -> Path:
-    """Append one JSON line to ``<root>/run_metadata.jsonl`` (safe under concurrent runs)."""
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def operator_dir(run_dir: str | Path) -> Path:
+    """``<run_dir>/operator/``, created with its do-not-share README."""
+    path = Path(run_dir) / OPERATOR_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    readme = path / "README.txt"
+    if not readme.exists():
+        _io.atomic_write_text(readme, OPERATOR_README)
+    return path
+
+
+def write_released_json(run_dir: str | Path, name: str, channel: str, payload: dict[str, Any]) -> None:
+    """Write ``payload``'s released part to ``<run_dir>/<name>``, its operator-only part under operator/."""
+    public, private = release.split(channel, payload)
+    if private:
+        _io.atomic_write_json(operator_dir(run_dir) / name, private)
+    _io.atomic_write_json(Path(run_dir) / name, public)
+
+
+def append_released_jsonl(run_dir: str | Path, name: str, channel: str, record: dict[str, Any],
+                          key: dict[str, Any] | None = None) -> None:
+    """Append ``record``'s released part to ``<run_dir>/<name>``; the operator-only part, with ``key``
+    (public identifiers such as the generation), to ``operator/<name>``."""
+    public, private = release.split(channel, record)
+    if private:
+        _io.append_jsonl(operator_dir(run_dir) / name, {**(key or {}), **private})
+    _io.append_jsonl(Path(run_dir) / name, public)
+
+
+def write_operator_json(run_dir: str | Path, name: str, payload: Any) -> None:
+    _io.atomic_write_json(operator_dir(run_dir) / name, payload)
+
+
+def append_operator_text(run_dir: str | Path, name: str, text: str) -> Path:
+    path = operator_dir(run_dir) / name
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(text.rstrip("\n") + "\n")
+    return path
+
+
+def append_run_log(root: str | Path, record: dict[str, Any], run_dir: str | Path | None = None,
+                   channel: str = "run_log") -> Path:
+    """Append one JSON line to ``<root>/run_metadata.jsonl`` (safe under concurrent runs).
+
+    Its operator-only fields go to ``<run_dir>/operator/run_metadata.jsonl`` instead (and
+    nowhere when no run directory is given).
+    """
     path = Path(root) / RUN_LOG_NAME
-    entry = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(), "code_version": code_version(), **record}
-    _io.append_jsonl(path, entry)
+    entry = {"code_version": code_version(), **record}
+    public, private = release.split(channel, entry)
+    if private and run_dir is not None:
+        _io.append_jsonl(operator_dir(run_dir) / RUN_LOG_NAME, private)
+    _io.append_jsonl(path, public)
     return path
 
 

@@ -15,6 +15,7 @@ from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.controller import DPEvolutionStrategy, GenerationReport, RunResult
+from dp_textgrad.dp_es.private import PrivateScoringError
 from dp_textgrad.tasks.base import ClassificationTask
 
 
@@ -62,24 +63,31 @@ def run(
     engine_name: str = "custom",
 ) -> RunOutcome:
     started = time.perf_counter()
+    started_at = runs.utc_now()  # before any private record is read: times nothing private
     directory = Path(run_dir) if run_dir is not None else runs.new_run_dir(runs_root)
     directory.mkdir(parents=True, exist_ok=True)
     optimizer = build_optimizer(task, engine, config, directory, seed_prompt=seed_prompt, resume=resume)
-    seed_text = optimizer.variable.value if not resume else runs.read_json(directory / "config.json")["seed_prompt"]
+    seed_text = optimizer.variable.value if not resume else runs.read_json(directory / runs.CONFIG_NAME)["seed_prompt"]
     if not resume:
-        runs.write_json(directory / "config.json", {
+        runs.write_released_json(directory, runs.CONFIG_NAME, "config", {
             "task": task_name,
             "engine": engine_name,
             "config": optimizer.config.model_dump(),
             "seed_prompt": seed_text,
             "noise_multiplier": optimizer.noise_multiplier,
             "selection_epsilon": optimizer.selection_epsilon,
-            "dataset_size": len(task.private_train),
+            "dataset_size": optimizer.public_dataset_size,
+            "noise": optimizer.noise.sampler,
         })
     if on_start is not None:
         on_start(optimizer)
-    result = optimizer.run(progress=on_generation)
-    (directory / "released_prompt.txt").write_text(result.prompt + "\n", encoding="utf-8")
+    try:
+        result = optimizer.run(progress=on_generation)
+    except PrivateScoringError as exc:
+        # The one-line message is release-safe; the original error may quote a record.
+        runs.append_operator_text(directory, "errors.log", f"{exc.label}: {exc.operator_detail}")
+        raise
+    (directory / runs.PROMPT_NAME).write_text(result.prompt + "\n", encoding="utf-8")
     evaluation = None
     if evaluate and task.test:
         evaluation = Evaluation(
@@ -88,7 +96,7 @@ def run(
             n_test=len(task.test),
         )
     seconds = time.perf_counter() - started
-    runs.write_json(directory / "result.json", {
+    runs.write_released_json(directory, runs.RESULT_NAME, "result", {
         **result.as_dict(),
         "evaluation": evaluation.__dict__ if evaluation else None,
         "seconds": seconds,
@@ -103,12 +111,14 @@ def run(
         "engine": engine_name,
         "config": optimizer.config.model_dump(),
         "noise_seeded_insecurely": optimizer.config.insecure_noise_seed is not None,
+        "noise": optimizer.noise.sampler,
         "epsilon": result.epsilon,
         "delta": result.delta,
         "epsilon_by_accountant": result.epsilons,
         "accountant": "smallest valid bound",
         "unsafe": result.unsafe,
+        "started": started_at,
         "seconds": seconds,
         "machine": runs.machine_summary(),
-    })
+    }, run_dir=directory)
     return RunOutcome(directory, result, evaluation, seconds, optimizer)

@@ -182,8 +182,11 @@ def test_dp_audit_writes_audit_json_report_section_and_run_log(dp_audit, task, r
     assert audit == json.loads((run_dir / AUDIT_FILE_NAME).read_text(encoding="utf-8"))
     for key in ("format", "version", "kind", "mode", "settings", "canaries", "claim", "leakage", "attacks",
                 "per_canary", "eps_lb", "gdp_estimate", "verdict", "violation", "leak_detected", "statement",
-                "seconds", "code_version"):
+                "code_version"):
         assert key in audit, key
+    # Wall times time the private phase: operator-only, never in audit.json.
+    assert "seconds" not in audit
+    assert json.loads((run_dir / "operator" / "audit_seconds.json").read_text())["total"] > 0
     assert audit["mode"] == "dp" and audit["kind"] == "audit_l2"
     assert audit["claim"]["epsilon"] == pytest.approx(2.0, rel=1e-3) and not audit["claim"]["unsafe"]
     assert dp_audit.claimed_epsilon == audit["claim"]["epsilon"]

@@ -15,6 +15,7 @@ from dp_textgrad import BudgetExceeded, ConfigError, DPEvolutionStrategy
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es.accountant import default_accountants
 from dp_textgrad.dp_es.config import DPESConfig
+from dp_textgrad.dp_es.private import PrivateScoringError
 from dp_textgrad.dp_es.controller import RunPlan
 from dp_textgrad.dp_es.events import GumbelTopKDpEvent
 from dp_textgrad.dp_es.private import PrivateDataset
@@ -275,17 +276,22 @@ def test_charge_is_on_disk_before_any_record_is_read(task, tmp_path: Path) -> No
     """A crash inside a mechanism never loses its charge (resume cannot double-spend)."""
 
     def exploding_rule(context, choices):
+        if "word word" in context:  # the preflight's public probe passes
+            return [0.0] * len(choices)
         raise RuntimeError("engine crashed while scoring")
 
     prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
     engine = ScriptedEngine(responses=["Label the message.</PROMPT>"], choice_rule=exploding_rule)
     opt = DPEvolutionStrategy([prompt], task=task, engine=engine, checkpoint_dir=tmp_path, epsilon=3.0,
                               generations=3, population=4, parents=2, sampling_rate=0.3, use_critiques=False)
-    with pytest.raises(RuntimeError, match="engine crashed"):
+    with pytest.raises(PrivateScoringError, match="scoring the private records failed") as failure:
         opt.step()
+    assert "engine crashed" not in str(failure.value) and "engine crashed" in failure.value.operator_detail
     from dp_textgrad.dp_es.accountant import PrivacyLedger
 
     on_disk = PrivacyLedger.from_jsonl(tmp_path / "ledger.jsonl")
     assert len(on_disk.entries) == 1
     assert on_disk.epsilon() == pytest.approx(opt.ledger.epsilon())
-    assert not (tmp_path / "checkpoint.json").exists()
+    # The checkpoint from before the first charge lets the run resume (the charge is kept).
+    state = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert state["generation"] == 0 and state["history"] == []

@@ -291,7 +291,7 @@ def test_constructor_validates():
         DPScorer(task, engine, object(), sampling_rate=0.5, dataset_size=5, noise=NoiseSource())
     noise = NoiseSource()
     default = DPScorer(task, engine, ledger, sampling_rate=0.5, dataset_size=5, noise=noise)
-    assert default.sampling_rng is noise.generator  # secret subsample by default
+    assert default.sampling_rng is noise.sampling_generator  # secret subsample, apart from the noise
 
 
 # -- private selection and free post-processing ------------------------------------------------

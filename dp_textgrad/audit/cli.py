@@ -88,7 +88,7 @@ def mechanisms(
                       f"{result.seconds:.2f}", verdict)
         if log:
             append_run_log(runs_dir, {"kind": "audit_l1", "audit": result.name, "verdict": verdict,
-                                      "command": "audit mechanisms", **result.to_dict()})
+                                      "command": "audit mechanisms", **result.to_dict()}, channel="audit_log")
     console.print(table)
     console.print(f"total {time.perf_counter() - started:.1f} s; an eps_lb above the claim is a bug, "
                   "an eps_lb below it proves nothing.")
@@ -200,8 +200,7 @@ def canaries(
 
         def progress(report) -> None:
             console.print(f"  generation {report.generation + 1}/{generations}: best estimate "
-                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g}, "
-                          f"{report.seconds:.0f} s")
+                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g}")
 
         result = run_canary_audit(task, engine, config, records=records, n_canaries=n_canaries, seed=seed,
                                   mode=mode, options=options, runs_root=runs_dir, evaluate=evaluate,
@@ -249,7 +248,7 @@ def canaries(
                   f"{leakage['extraction']['extracted_members']} member(s), "
                   f"{leakage['extraction']['extracted_nonmembers']} non-member(s)", markup=False, highlight=False)
     console.print(f"verdict: {result.verdict}", markup=False, highlight=False)
-    console.print(f"run directory: {result.run_dir} (audit.json, report.md); took {result.seconds:.0f} s",
+    console.print(f"run directory: {result.run_dir} (audit.json, report.md; wall times in operator/)",
                   markup=False, highlight=False, soft_wrap=True)
     shown = audit.get("settings", {}).get("fewshot", {}).get("member_canaries_shown")
     if shown is not None:

@@ -477,12 +477,13 @@ def _fewshot_run(task: ClassificationTask, private: Sequence[Example], engine: "
     if evaluate and task.test:
         evaluation = Evaluation(task.accuracy(engine, task.seed_prompt), task.accuracy(engine, prompt), len(task.test))
     seconds = time.perf_counter() - started
-    runs.write_json(directory / "result.json", {**result.as_dict(), "epsilon": None, "fewshot": fewshot,
-                                                "evaluation": evaluation.__dict__ if evaluation else None,
-                                                "seconds": seconds})
+    runs.write_released_json(directory, runs.RESULT_NAME, "result", {
+        **result.as_dict(), "epsilon": None, "fewshot": fewshot,
+        "evaluation": evaluation.__dict__ if evaluation else None, "seconds": seconds})
     runs.append_run_log(directory.parent, {"run_dir": directory.name, "task": task_name, "engine": engine_name,
                                            "fewshot": fewshot, "private": False, "epsilon": None, "unsafe": True,
-                                           "seconds": seconds, "machine": runs.machine_summary()})
+                                           "seconds": seconds, "machine": runs.machine_summary()},
+                        run_dir=directory, channel="audit_log")
     return RunOutcome(directory, result, evaluation, seconds, None), positions  # type: ignore[arg-type]
 
 
@@ -628,8 +629,10 @@ def run_canary_audit(
         },
         **part,
         **judged,
-        "seconds": {"optimise": optimise_seconds, "attack": seconds - optimise_seconds, "total": seconds},
     }
+    # Wall times include the private scoring phase: operator-only, kept apart from audit.json.
+    runs.write_operator_json(outcome.run_dir, "audit_seconds.json",
+                             {"optimise": optimise_seconds, "attack": seconds - optimise_seconds, "total": seconds})
     runs.write_json(outcome.run_dir / AUDIT_FILE_NAME, audit)
     write_report(outcome.run_dir)
     if log:
@@ -654,7 +657,7 @@ def run_canary_audit(
             "verdict": audit["verdict"],
             "seconds": seconds,
             "machine": runs.machine_summary(),
-        })
+        }, run_dir=outcome.run_dir, channel="audit_log")
     return CanaryAuditResult(outcome.run_dir, audit, seconds)
 
 

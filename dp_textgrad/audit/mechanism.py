@@ -462,7 +462,7 @@ def audit_controller_loop(
         if noise_off or factor != 1.0:
             replaced = _NoiseOff(noise_seed) if noise_off else _ScaledNoise(noise_seed, factor)
             controller.noise = controller.scorer.noise = replaced
-            controller.scorer.sampling_rng = replaced.generator
+            controller.scorer.sampling_rng = replaced.sampling_generator
         result = controller.run()
         if not charged_by_first_run:
             charged_by_first_run.extend(ledger.events)

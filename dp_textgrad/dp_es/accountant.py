@@ -18,7 +18,6 @@ import math
 import numbers
 import os
 import tempfile
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from dp_accounting.pld.pld_privacy_accountant import PLDAccountant as _DpaPldAcc
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from scipy import special
 
+from dp_textgrad import release
 from dp_textgrad.dp_es.events import GumbelTopKDpEvent, PureDpEvent, amplify_pure_dp
 
 __all__ = [
@@ -920,7 +920,6 @@ class LedgerEntry:
     event_dict: dict[str, Any]
     epsilons: dict[str, float]
     epsilon: float
-    timestamp: float
     metadata: dict[str, Any] = field(default_factory=dict)
     differentially_private: bool = True
 
@@ -931,7 +930,6 @@ class LedgerEntry:
             "event": self.event_dict,
             "epsilons": {k: _encode_float(v) for k, v in self.epsilons.items()},
             "epsilon": _encode_float(self.epsilon),
-            "timestamp": self.timestamp,
             "metadata": self.metadata,
             "differentially_private": self.differentially_private,
             "note": None if self.differentially_private else "NOT differentially private (unsafe mode)",
@@ -947,7 +945,6 @@ class LedgerEntry:
             event_dict=event_dict,
             epsilons={k: _decode_float(v) for k, v in data["epsilons"].items()},
             epsilon=_decode_float(data["epsilon"]),
-            timestamp=float(data["timestamp"]),
             metadata=dict(data.get("metadata") or {}),
             differentially_private=bool(data.get("differentially_private", True)),
         )
@@ -984,6 +981,8 @@ class PrivacyLedger:
         self.accountants: tuple[Accountant, ...] = tuple(accountants)
         self._entries: list[LedgerEntry] = []
         self._unsafe_reasons: list[str] = []
+        # What draws the run's noise (set by the optimizer; the header says it, e.g. when insecure).
+        self.noise: str | None = None
         self._cache_key: tuple | None = None
         self._cache_value: dict[str, float] | None = None
         # Where the ledger persists itself after every charge (None: in memory only).
@@ -1088,7 +1087,6 @@ class PrivacyLedger:
             event_dict=event_dict,
             epsilons=bounds,
             epsilon=math.inf if self.unsafe else smallest,
-            timestamp=time.time(),
             metadata=metadata_copy,
             differentially_private=not self.unsafe,
         )
@@ -1121,13 +1119,20 @@ class PrivacyLedger:
             "unsafe": self.unsafe,
             "unsafe_reasons": list(self._unsafe_reasons),
             "differentially_private": not self.unsafe,
+            "noise": self.noise,
         }
+
+    def declare_noise(self, sampler: str) -> None:
+        """Record what draws the noise (the ledger's header states it, insecure seeds included)."""
+        self.noise = sampler
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
 
     def to_jsonl(self, path: str | os.PathLike[str]) -> None:
         """Write header + one line per entry, atomically (temp file, fsync, os.replace)."""
         path = os.fspath(path)
         lines = [json.dumps(self._header(), allow_nan=False)]
-        lines += [json.dumps(e.to_dict(), allow_nan=False) for e in self._entries]
+        lines += [json.dumps(release.released("ledger_entry", e.to_dict()), allow_nan=False) for e in self._entries]
         directory = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(prefix=".ledger-", suffix=".tmp", dir=directory)
         try:
@@ -1167,6 +1172,7 @@ class PrivacyLedger:
             _accountants_from_configs(header["accountants"]),
         )
         ledger._unsafe_reasons = list(header.get("unsafe_reasons", []))
+        ledger.noise = header.get("noise")
         for i, record in enumerate(records[1:]):
             entry = LedgerEntry.from_dict(record)
             if entry.index != i:

@@ -13,6 +13,7 @@ FeedbackKind = Literal["none", "dp_confusion"]
 FeedbackMode = Literal["public", "unsafe"]
 FinalSelection = Literal["last", "exponential"]
 PrivacyKind = Literal["dp", "off"]
+LongRecords = Literal["truncate", "reject"]
 
 DEFAULT_EXPECTED_BATCH = 150
 
@@ -53,6 +54,16 @@ class DPESConfig(BaseModel):
         None, description="INSECURE: reproducible DP noise and subsampling, for tests and research only"
     )
     max_prompt_chars: int = Field(1500, ge=50, description="longest candidate prompt kept")
+    dataset_size: int | None = Field(
+        None, ge=1, description="the public size N of the private set, declared by its owner (the denominator "
+                                "q*N of every estimate and the base of the default delta and q); default: the "
+                                "number of records, which is then treated as public")
+    max_record_tokens: int = Field(
+        256, ge=8, le=1_000_000,
+        description="public cap on a private record's length in engine tokens, applied before any charge")
+    long_records: LongRecords = Field(
+        "truncate", description="private records over max_record_tokens: 'truncate' them (a per-record, "
+                                "data-independent map) or 'reject' the data before anything is charged")
 
     @field_validator("epsilon")
     @classmethod
@@ -99,6 +110,10 @@ class DPESConfig(BaseModel):
         if dataset_size < 1:
             raise ValueError("private_train: the private dataset is empty; give at least one record")
         update: dict[str, float] = {}
+        if self.dataset_size is None:
+            update["dataset_size"] = int(dataset_size)
+        else:
+            dataset_size = self.dataset_size  # the declared, public N decides everything below
         if self.delta is None:
             update["delta"] = min(1e-5, 1.0 / (10 * dataset_size))
         elif self.delta >= 1.0 / dataset_size:

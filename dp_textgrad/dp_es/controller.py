@@ -24,7 +24,7 @@ import dp_accounting
 import numpy as np
 from pydantic import ValidationError
 
-from dp_textgrad import _io
+from dp_textgrad import _io, release, runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es.accountant import BudgetExceeded, PrivacyLedger, calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.dp_es.config import DPESConfig
@@ -42,9 +42,9 @@ _tg = import_textgrad()
 Optimizer = _tg.optimizer.Optimizer
 Variable = _tg.Variable
 
-CHECKPOINT_NAME = "checkpoint.json"
-LEDGER_NAME = "ledger.jsonl"
-METRICS_NAME = "metrics.jsonl"
+CHECKPOINT_NAME = runs.CHECKPOINT_NAME
+LEDGER_NAME = runs.LEDGER_NAME
+METRICS_NAME = runs.METRICS_NAME
 
 StopCallback = Callable[["GenerationReport"], bool]
 
@@ -55,7 +55,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class GenerationReport:
-    """What one generation released: noisy statistics only."""
+    """What one generation released: DP statistics, public parameters and public-phase costs.
+
+    This is what callbacks and progress displays receive; every field is classified in
+    :mod:`dp_textgrad.release` (channel ``metrics``). Real private-phase usage is in
+    :class:`GenerationTelemetry`, which stays with the operator.
+    """
 
     generation: int
     best_candidate_id: str
@@ -64,13 +69,62 @@ class GenerationReport:
     noise_std_estimate: float
     epsilon_spent: float
     epsilons: dict[str, float]
-    engine_calls: int
-    prompt_tokens: int
-    completion_tokens: int
+    public_calls: int = 0
+    public_prompt_tokens: int = 0
+    public_completion_tokens: int = 0
+    planned_private_evaluations: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GenerationReport":
+        """Tolerant of older checkpoints (their usage fields were private: they are dropped)."""
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class GenerationTelemetry:
+    """OPERATOR-ONLY: real usage and wall time of one generation, private phase included.
+
+    Functions of the secret subsample (|B_t|, the length of the records in it): never
+    released. Runs keep it under ``operator/``.
+    """
+
+    private_calls: int
+    private_prompt_tokens: int
+    private_completion_tokens: int
     seconds: float
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class _UsageMark:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def of(cls, engine: Any) -> "_UsageMark":
+        usage = getattr(engine, "usage", None)
+        return cls(int(getattr(usage, "calls", 0)), int(getattr(usage, "prompt_tokens", 0)),
+                   int(getattr(usage, "completion_tokens", 0)))
+
+    def __sub__(self, other: "_UsageMark") -> "_UsageMark":
+        return _UsageMark(self.calls - other.calls, self.prompt_tokens - other.prompt_tokens,
+                          self.completion_tokens - other.completion_tokens)
+
+    def __add__(self, other: "_UsageMark") -> "_UsageMark":
+        return _UsageMark(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
+                          self.completion_tokens + other.completion_tokens)
+
+
+class PreflightError(RuntimeError):
+    """The engine, the context window or the run directory failed a check on public inputs,
+    before anything was charged."""
 
 
 @dataclass
@@ -88,6 +142,9 @@ class RunResult:
     unsafe: bool
     history: list[GenerationReport] = field(default_factory=list)
     lineage: list[dict[str, Any]] = field(default_factory=list)
+    noise: str | None = None
+    public_usage: dict[str, int] = field(default_factory=dict)
+    planned_private_evaluations: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -147,25 +204,33 @@ class EvolutionController(Optimizer):
         self.callbacks = list(callbacks)
         self.generation = 0
         self.history: list[GenerationReport] = []
+        self.telemetry: list[GenerationTelemetry] = []  # operator-only, see GenerationTelemetry
         self.stopped_because: str | None = None
         self._refused_epsilon = math.inf
-        if self.checkpoint_dir is not None:
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            ledger.persist_to(self.checkpoint_dir / LEDGER_NAME)
-        self._started = time.perf_counter()
+        self._preflight_done = False
+        self._public_usage = _UsageMark()
 
         # Two generators, never mixed: reproducible public choices vs DP randomness.
         self.public_rng = np.random.default_rng(config.seed)
         self.noise = NoiseSource(insecure_seed=config.insecure_noise_seed)
+        if callable(getattr(ledger, "declare_noise", None)):
+            ledger.declare_noise(self.noise.sampler)
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            ledger.persist_to(self.checkpoint_dir / LEDGER_NAME)
+        self._started = time.perf_counter()
+        # A public cap on record length, applied before anything is charged (see with_bounded_records).
+        task = task.with_bounded_records(*_length_tools(engine), config.max_record_tokens, config.long_records)
+        self.task = task
         self.scorer = DPScorer(
             task,
             engine,
             ledger,
             sampling_rate=config.sampling_rate,
-            dataset_size=len(task.private_train),
+            dataset_size=config.dataset_size or len(task.private_train),
             noise=self.noise,
             # The subsample must stay secret for amplification: draw it from the DP generator.
-            sampling_rng=self.noise.generator,
+            sampling_rng=self.noise.sampling_generator,
         )
         self.mutation = mutation_engine or MutationEngine(
             engine,
@@ -228,11 +293,17 @@ class EvolutionController(Optimizer):
         if self.generation >= self.config.generations:
             self.stopped_because = "all generations done"
             return None
+        started = time.perf_counter()
+        mark = _UsageMark.of(self.engine)
         if not self.population.candidates:
             self.initialise_population()
-        started = time.perf_counter()
+        if not self._preflight_done:
+            self.preflight()
+            # A checkpoint before the first charge: a run that fails in generation 0 can be resumed.
+            self._save_checkpoint()
         t = self.generation
         candidates = list(self.population.candidates)
+        before_private = _UsageMark.of(self.engine)
         try:
             if self.config.selection == "gaussian":
                 parents = self._gaussian_generation(t, candidates)
@@ -243,6 +314,7 @@ class EvolutionController(Optimizer):
             self.stopped_because = f"budget exhausted: {exc}"
             self._save_checkpoint()
             return None
+        after_private = _UsageMark.of(self.engine)
 
         best = self._current_best(parents)
         self.variable.set_value(best.text)
@@ -251,9 +323,16 @@ class EvolutionController(Optimizer):
         if not last:
             children = self._make_children(parents, self.generation)
             self.population.next_generation(children, parents=parents)
-        report = self._report(t, best, started)
+        # Usage outside the private phase saw public text and DP outputs only: releasable.
+        public = (before_private - mark) + (_UsageMark.of(self.engine) - after_private)
+        self._public_usage = self._public_usage + public
+        report = self._report(t, best, public)
+        private = after_private - before_private
+        telemetry = GenerationTelemetry(private.calls, private.prompt_tokens, private.completion_tokens,
+                                        seconds=time.perf_counter() - started)
         self.history.append(report)
-        self._save_checkpoint(report)
+        self.telemetry.append(telemetry)
+        self._save_checkpoint(report, telemetry)
         if last:
             self.stopped_because = "all generations done"
         elif any(callback(report) for callback in self.callbacks):
@@ -328,10 +407,19 @@ class EvolutionController(Optimizer):
         n_children = self.config.population - min(self.config.elites, len(parents))
         return self.mutation.children(parents, n_children, generation, feedback=feedback)
 
-    def _report(self, t: int, best: Candidate, started: float) -> GenerationReport:
+    @property
+    def planned_private_evaluations(self) -> float:
+        """Expected record evaluations per generation, q N K: public (the realised count is not)."""
+        return float(self.config.sampling_rate) * self.public_dataset_size * self.config.population
+
+    @property
+    def public_dataset_size(self) -> int:
+        """N as released: the declared ``dataset_size`` (the record count when none was declared)."""
+        return int(self.config.dataset_size or len(self.task.private_train))
+
+    def _report(self, t: int, best: Candidate, public: _UsageMark) -> GenerationReport:
         shrunk = self.population.shrunk_estimates()
         values = [v for v in shrunk.values() if math.isfinite(v)]
-        usage = getattr(self.engine, "usage", None)
         return GenerationReport(
             generation=t,
             best_candidate_id=best.id,
@@ -340,11 +428,44 @@ class EvolutionController(Optimizer):
             noise_std_estimate=float(best.estimate_std) if best.evaluations else float("nan"),
             epsilon_spent=self.ledger.epsilon(),
             epsilons=self.ledger.epsilons(),
-            engine_calls=int(getattr(usage, "calls", 0)),
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0)),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0)),
-            seconds=time.perf_counter() - started,
+            public_calls=public.calls,
+            public_prompt_tokens=public.prompt_tokens,
+            public_completion_tokens=public.completion_tokens,
+            planned_private_evaluations=self.planned_private_evaluations,
         )
+
+    # -- checks on public inputs, before anything is charged ------------------------------
+    def preflight(self) -> None:
+        """Check the engine answers and the longest allowed record fits, on public text only.
+
+        Raises :class:`PreflightError` before any charge. The probe is made of public
+        text, so its error message may be shown as it is.
+        """
+        count_tokens, truncate = _length_tools(self.engine)
+        cap = self.config.max_record_tokens
+        probe = truncate(" ".join(["word"] * (2 * cap)), cap)
+        prompt = str(self.variable.value)
+        prefix = self.task.render_prefix(prompt)
+        context = getattr(self.engine, "context_tokens", None)
+        if context is not None:
+            longest_label = max(count_tokens(v) for v in self.task.verbalizers.values())
+            needed = count_tokens(prefix) + count_tokens(self.task.render_record(probe)) + longest_label + 1
+            if needed > context:
+                raise PreflightError(
+                    f"preflight: a record of dp.max_record_tokens = {cap} tokens after the seed prompt needs about "
+                    f"{needed} tokens but the engine's context holds {context}; lower dp.max_record_tokens or "
+                    "raise the engine's context (n_ctx)"
+                )
+        choices = [self.task.verbalizers[label] for label in self.task.labels]
+        try:
+            scores = np.asarray(self.engine.score_choices_batch(prefix, [self.task.render_record(probe)], choices))
+        except Exception as exc:  # public probe: its error text holds no private data
+            raise PreflightError(f"preflight: the engine failed on a public probe before anything was charged "
+                                 f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+        if scores.shape != (1, len(choices)) or not np.all(np.isfinite(scores)):
+            raise PreflightError("preflight: the engine returned malformed scores for a public probe "
+                                 f"(shape {scores.shape}); check the engine")
+        self._preflight_done = True
 
     # -- running to the end --------------------------------------------------------------
     def run(self, progress: Callable[[GenerationReport], None] | None = None) -> RunResult:
@@ -377,6 +498,9 @@ class EvolutionController(Optimizer):
             unsafe=self.ledger.unsafe,
             history=list(self.history),
             lineage=[c.to_dict() for c in self.population.lineage(best.id)],
+            noise=self.noise.sampler,
+            public_usage=dict(self._public_usage.__dict__),
+            planned_private_evaluations=self.planned_private_evaluations,
         )
 
     def _last_exponential_best(self) -> Candidate:
@@ -406,7 +530,8 @@ class EvolutionController(Optimizer):
         }
 
     # -- checkpoints ---------------------------------------------------------------------
-    def _save_checkpoint(self, report: GenerationReport | None = None) -> None:
+    def _save_checkpoint(self, report: GenerationReport | None = None,
+                         telemetry: GenerationTelemetry | None = None) -> None:
         if self.checkpoint_dir is None:
             return
         directory = self.checkpoint_dir
@@ -414,7 +539,9 @@ class EvolutionController(Optimizer):
         # Ledger first: a crash between the two files leaves the budget charged, never refunded.
         self.ledger.to_jsonl(directory / LEDGER_NAME)
         if report is not None:
-            _io.append_jsonl(directory / METRICS_NAME, report.as_dict())
+            line = {**report.as_dict(), **(telemetry.as_dict() if telemetry is not None else {})}
+            runs.append_released_jsonl(directory, METRICS_NAME, "metrics", line,
+                                       key={"generation": report.generation})
         state = {
             "format": 1,
             "generation": self.generation,
@@ -428,14 +555,14 @@ class EvolutionController(Optimizer):
             "variable_value": self.variable.value,
         }
         # The DP noise generator's state is never saved: it would let a reader subtract the noise.
-        _io.atomic_write_json(directory / CHECKPOINT_NAME, state)
+        _io.atomic_write_json(directory / CHECKPOINT_NAME, release.released("checkpoint", state))
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.generation = int(state["generation"])
         self.population = PopulationManager.from_dict(state["population"], rng=self.public_rng,
                                                       shrink=None if self.config.shrinkage else _no_shrinkage)
         self.public_rng.bit_generator.state = state["public_rng_state"]
-        self.history = [GenerationReport(**h) for h in state.get("history", [])]
+        self.history = [GenerationReport.from_dict(h) for h in state.get("history", [])]
         self.stopped_because = None
         if state.get("variable_value") is not None:
             self.variable.set_value(state["variable_value"])
@@ -603,6 +730,16 @@ class RunPlan:
                 f"epsilon: cannot fit the planned schedule into epsilon={config.epsilon}, delta={config.delta} "
                 f"({exc}); raise epsilon or lower generations/final_epsilon"
             ) from None
+
+
+def _length_tools(engine: Any) -> tuple[Callable[[str], int], Callable[[str, int], str]]:
+    """The engine's token counter and truncation; UTF-8 bytes for engines without them."""
+    count = getattr(engine, "count_tokens", None)
+    truncate = getattr(engine, "truncate_to_tokens", None)
+    if callable(count) and callable(truncate):
+        return count, truncate
+    return (lambda text: len(text.encode("utf-8")),
+            lambda text, n: text.encode("utf-8")[:n].decode("utf-8", errors="ignore"))
 
 
 _SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", "sampling_rate", "selection",

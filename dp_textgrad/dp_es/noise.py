@@ -10,20 +10,32 @@ selection, Poisson subsampling order in tests) uses a separate, seeded
 knows the seed can subtract the noise, so such a source reports ``secure = False``
 and every release made with it must be labelled insecure.
 
-Limits (documented, not hidden): numpy's PCG64 is a statistical generator, not a
-cryptographic one, and floating-point samplers leak through their low-order bits
-(Mironov 2012). Both are standard in research DP code; OpenDP samplers are the fix
-when that matters.
+Releases go through samplers made for DP: :meth:`NoiseSource.add_gaussian` and
+:meth:`NoiseSource.noisy_top_k` use OpenDP (``opendp``), which samples exactly from a
+discrete distribution on a fine grid with a cryptographically secure generator and
+rounds once, so the released floats do not leak through their low-order bits as
+textbook float samplers do (Mironov, CCS 2012). A secure source never uses numpy for a
+release. The raw samplers (:meth:`normal`, :meth:`gumbel`, :meth:`uniform`) draw from
+numpy's PCG64 and are for audits and simulations that run a mechanism many times.
+
+The secret Poisson subsample is drawn from a second, separate generator
+(:attr:`sampling_generator`), so the noise does not shift when the dataset gains a
+record (the twin-run test relies on that).
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 Size = int | tuple[int, ...] | None
+
+INSECURE_NOISE_LABEL = ("INSECURE reproducible noise (insecure_noise_seed is set): anyone who knows the seed can "
+                        "remove the noise; for tests and research only, NOT differentially private in practice")
 
 
 def _check_scale(scale: float, field: str = "scale") -> float:
@@ -40,12 +52,13 @@ class NoiseSource:
     ``NoiseSource(insecure_seed=7)`` is reproducible and has ``secure == False``.
     """
 
-    __slots__ = ("_rng", "_secure", "_insecure_seed")
+    __slots__ = ("_rng", "_sampling_rng", "_secure", "_insecure_seed")
 
     def __init__(self, insecure_seed: int | None = None) -> None:
         if insecure_seed is None:
-            # 128 bits of OS entropy; the seed is used once and not kept.
+            # 128 bits of OS entropy each; the seeds are used once and not kept.
             self._rng = np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+            self._sampling_rng = np.random.Generator(np.random.PCG64(secrets.randbits(128)))
             self._secure = True
             self._insecure_seed = None
         else:
@@ -54,6 +67,7 @@ class NoiseSource:
             if insecure_seed < 0:
                 raise ValueError(f"insecure_seed: must be >= 0, got {insecure_seed}")
             self._rng = np.random.Generator(np.random.PCG64(int(insecure_seed)))
+            self._sampling_rng = np.random.Generator(np.random.PCG64([int(insecure_seed), 1]))
             self._secure = False
             self._insecure_seed = int(insecure_seed)
 
@@ -67,10 +81,20 @@ class NoiseSource:
         return self._insecure_seed
 
     @property
+    def sampler(self) -> str:
+        """What draws released noise: a label for the ledger, result.json and the console."""
+        return "opendp (exact discrete sampling, CSPRNG)" if self._secure else INSECURE_NOISE_LABEL
+
+    @property
     def generator(self) -> np.random.Generator:
-        """The underlying generator, for other DP randomness such as the secret Poisson
-        subsample (amplification by subsampling needs the subsample to stay hidden)."""
+        """The numpy generator behind the raw samplers (audits, simulations)."""
         return self._rng
+
+    @property
+    def sampling_generator(self) -> np.random.Generator:
+        """The generator of the secret Poisson subsample (amplification by subsampling
+        needs the subsample to stay hidden), apart from the noise generator."""
+        return self._sampling_rng
 
     def __repr__(self) -> str:
         if self._secure:
@@ -83,11 +107,48 @@ class NoiseSource:
         if self._secure:
             raise TypeError("NoiseSource: a secure noise source cannot be pickled or checkpointed; "
                             "create a fresh NoiseSource() when resuming")
-        return (_restore_insecure, (self._insecure_seed, self._rng.bit_generator.state))
+        return (_restore_insecure, (self._insecure_seed, self._rng.bit_generator.state,
+                                    self._sampling_rng.bit_generator.state))
 
-    # -- samplers -------------------------------------------------------------------
+    # -- releases (floating-point safe when secure) --------------------------------------
+    def add_gaussian(self, values: np.ndarray, scale: float) -> np.ndarray:
+        """``values`` + N(0, scale^2) noise on each entry, any shape.
+
+        Secure: OpenDP's Gaussian measurement on the values themselves (exact discrete
+        sampling, one rounding of the sum). Insecure: numpy, reproducible from the seed.
+        """
+        array = np.asarray(values, dtype=float)
+        scale = _check_scale(scale)
+        if not self._secure or scale == 0.0 or array.size == 0:
+            return array + self.normal(scale, array.shape)  # through normal(): audit controls override it
+        if not np.all(np.isfinite(array)):
+            raise ValueError("values: every value must be finite before noise is added")
+        release = _opendp_gaussian(array.size, scale)
+        return np.asarray(release(array.ravel().tolist()), dtype=float).reshape(array.shape)
+
+    def noisy_top_k(self, utilities: np.ndarray, scale: float, k: int, noise: str = "gumbel") -> list[int]:
+        """Indices of the k largest ``utilities + noise``, best first (a monotone selection).
+
+        ``noise="gumbel"``: Gumbel(scale) noise, the exponential mechanism / one-shot top-k;
+        ``noise="exponential"``: Exponential(scale) noise, which has the distribution of
+        permute-and-flip (k = 1). Secure: OpenDP's noisy top-k; insecure: numpy.
+        """
+        u = np.asarray(utilities, dtype=float).reshape(-1)
+        scale = _check_scale(scale)
+        if noise not in ("gumbel", "exponential"):
+            raise ValueError(f"noise: use 'gumbel' or 'exponential', got {noise!r}")
+        if not 1 <= k <= u.size:
+            raise ValueError(f"k: must be in [1, {u.size}], got {k}")
+        if not np.all(np.isfinite(u)):
+            raise ValueError("utilities: every utility must be finite")
+        if self._secure and scale > 0.0:
+            return [int(i) for i in _opendp_top_k(u.size, scale, int(k), noise)(u.tolist())]
+        draws = self.gumbel(scale, u.size) if noise == "gumbel" else self._rng.exponential(scale, u.size)
+        return [int(i) for i in np.argsort(-(u + draws), kind="stable")[:k]]
+
+    # -- raw samplers (numpy; for audits and simulations, not for releases) -------------
     def normal(self, scale: float, size: Size = None) -> np.ndarray | float:
-        """Gaussian noise N(0, scale^2)."""
+        """Gaussian noise N(0, scale^2) from numpy (not floating-point safe)."""
         return self._rng.normal(0.0, _check_scale(scale), size)
 
     def gumbel(self, scale: float, size: Size = None) -> np.ndarray | float:
@@ -107,7 +168,32 @@ class NoiseSource:
         return bool(draws) if draws.ndim == 0 else draws
 
 
-def _restore_insecure(seed: int, state: dict) -> NoiseSource:
+def _restore_insecure(seed: int, state: dict, sampling_state: dict | None = None) -> NoiseSource:
     source = NoiseSource(insecure_seed=seed)
     source._rng.bit_generator.state = state
+    if sampling_state is not None:
+        source._sampling_rng.bit_generator.state = sampling_state
     return source
+
+
+def _opendp() -> Any:
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")  # the samplers below are contributed, proof-documented code
+    return dp
+
+
+@lru_cache(maxsize=64)
+def _opendp_gaussian(size: int, scale: float) -> Any:
+    dp = _opendp()
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
+    return dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=scale)
+
+
+@lru_cache(maxsize=64)
+def _opendp_top_k(size: int, scale: float, k: int, noise: str) -> Any:
+    dp = _opendp()
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
+    # OpenDP picks the noise from the privacy measure: zCDP -> Gumbel, pure DP -> Exponential.
+    measure = dp.zero_concentrated_divergence() if noise == "gumbel" else dp.max_divergence()
+    return dp.m.make_noisy_top_k(domain, dp.linf_distance(T=float, monotonic=True), measure, k=k, scale=scale)

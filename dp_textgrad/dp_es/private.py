@@ -26,6 +26,21 @@ class PrivateDataError(TypeError):
     """Raised when private data is used where only public data is allowed."""
 
 
+class PrivateScoringError(RuntimeError):
+    """Reading private records failed after the mechanism was charged.
+
+    The message is fixed text plus the mechanism's public label: no record text and no
+    number derived from private data (token counts, positions). The original error is
+    kept in :attr:`operator_detail` for the operator-only area of a run, never printed.
+    """
+
+    def __init__(self, label: str, original: BaseException) -> None:
+        super().__init__(f"{label}: scoring the private records failed (engine or task error); the charge for "
+                         "this step stays in the ledger")
+        self.label = label
+        self.operator_detail = f"{type(original).__name__}: {original}"
+
+
 class Private(Generic[T]):
     """A private value. It refuses every implicit conversion to text."""
 

@@ -25,6 +25,7 @@ Estimates divide by the PUBLIC expected batch size q*N, never by the realised |B
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,6 +35,7 @@ import numpy as np
 from scipy import optimize
 
 from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.dp_es.private import PrivateScoringError
 
 if TYPE_CHECKING:
     from dp_textgrad.dp_es.selector import SelectionMechanism
@@ -153,7 +155,7 @@ class GaussianScoreMechanism:
         if values.ndim not in (1, 2) or values.shape[-1] != self.num_candidates:
             raise ValueError(f"sums: expected shape ({self.num_candidates},) or (runs, {self.num_candidates}), "
                              f"got {values.shape}")
-        return values + noise.normal(self.noise_std, values.shape)
+        return noise.add_gaussian(values, self.noise_std)
 
 
 def effective_noise_multiplier(noise_multiplier: float, feedback_noise_multiplier: float | None) -> float:
@@ -296,7 +298,7 @@ class DPScorer:
         if not isinstance(noise, NoiseSource):
             raise TypeError("noise: must be a NoiseSource (DP noise is never drawn from a seeded public generator)")
         if sampling_rng is None:
-            sampling_rng = noise.generator
+            sampling_rng = noise.sampling_generator
         if not isinstance(sampling_rng, np.random.Generator):
             raise TypeError("sampling_rng: must be a numpy Generator")
         self.task = task
@@ -404,16 +406,19 @@ class DPScorer:
             "secure_noise": self.noise.secure,
         })
         # ---- private data is read only below this line, after the charge ----
-        sums, outcomes = self._utility_sums(candidates)
-        noisy_sums = mechanism.release(sums, self.noise)
-        confusion = confusion_std = None
-        if feedback:
+        confusion_std = float(feedback_noise_multiplier) * math.sqrt(len(feedback)) if feedback else None
+
+        def read() -> tuple[np.ndarray, np.ndarray | None]:
+            sums, outcomes = self._utility_sums(candidates)
+            noisy = mechanism.release(sums, self.noise)
+            if not feedback:
+                return noisy, None
             num_labels = len(self.task.labels)
             counts = np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
                                for j in feedback])
-            confusion_std = float(feedback_noise_multiplier) * math.sqrt(len(feedback))
-            confusion = counts + self.noise.normal(confusion_std, counts.shape)
-        del outcomes  # private per-record outcomes go no further
+            return noisy, self.noise.add_gaussian(counts, confusion_std)
+
+        noisy_sums, confusion = self._read_private(label, read)  # private per-record outcomes stay inside
         denominator = self.expected_batch_size
         return NoisyScores(
             candidate_ids=[str(c.id) for c in candidates],
@@ -440,13 +445,16 @@ class DPScorer:
                                   "marked unsafe (use DPESConfig(privacy='off') for a non-private baseline)")
         candidates = _check_candidates(candidates)
         feedback = self._check_feedback(feedback_candidates, len(candidates))
-        sums, outcomes = self._utility_sums(candidates)
-        confusion = None
-        if feedback:
+
+        def read() -> tuple[np.ndarray, np.ndarray | None]:
+            sums, outcomes = self._utility_sums(candidates)
+            if not feedback:
+                return sums, None
             num_labels = len(self.task.labels)
-            confusion = np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
-                                  for j in feedback]).astype(float)
-        del outcomes
+            return sums, np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
+                                   for j in feedback]).astype(float)
+
+        sums, confusion = self._read_private("exact scores (privacy off)", read)
         denominator = self.expected_batch_size
         return NoisyScores(
             candidate_ids=[str(c.id) for c in candidates],
@@ -486,9 +494,7 @@ class DPScorer:
             "secure_noise": self.noise.secure,
         })
         # ---- private data is read only below this line, after the charge ----
-        sums, outcomes = self._utility_sums(candidates)
-        del outcomes
-        return list(mechanism.select(sums, self.noise))
+        return self._read_private(label, lambda: list(mechanism.select(self._utility_sums(candidates)[0], self.noise)))
 
     # -- internals --------------------------------------------------------------------
     @staticmethod
@@ -503,6 +509,25 @@ class DPScorer:
         if len(set(feedback)) != len(feedback):
             raise ValueError("feedback_candidates: indices must be unique")
         return feedback
+
+    @staticmethod
+    def _read_private(label: str, read: Any) -> Any:
+        """Run ``read`` (which touches private records) behind the error boundary.
+
+        Any failure (an engine that times out, a record over the context, a task bug) is
+        rewritten into :class:`PrivateScoringError`, whose message quotes no record and no
+        private-derived number. It is raised outside the ``except`` block, so the original
+        is neither its cause nor its context and no traceback printer can show it.
+        """
+        try:
+            # Whether a warning fires can depend on the records: none leaves the boundary (the
+            # preflight probe on public text shows the engine's own warnings before this).
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return read()
+        except Exception as exc:
+            failure = PrivateScoringError(label, exc)
+        raise failure
 
     def _utility_sums(self, candidates: list[CandidateLike]) -> tuple[np.ndarray, list[Any]]:
         """Draw the secret Poisson subsample and sum each candidate's clipped scores."""

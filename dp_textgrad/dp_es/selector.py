@@ -162,6 +162,8 @@ class ExponentialMechanism:
         return picks.reshape(runs, 1)
 
     def select(self, utilities: Sequence[float] | np.ndarray, noise: NoiseSource) -> list[int]:
+        if noise.secure:  # Gumbel-max has exactly this distribution; OpenDP samples it safely
+            return noise.noisy_top_k(_utility_matrix(utilities), self.sensitivity / self.epsilon0, 1, "gumbel")
         return [int(i) for i in self.sample(utilities, noise, 1)[0]]
 
 
@@ -208,6 +210,9 @@ class GumbelTopK:
         return np.take_along_axis(top, order, axis=1)
 
     def select(self, utilities: Sequence[float] | np.ndarray, noise: NoiseSource) -> list[int]:
+        if noise.secure:
+            u = _utility_matrix(utilities)
+            return noise.noisy_top_k(u, self.noise_scale, _check_k(self.k, u.size), "gumbel")
         return [int(i) for i in self.sample(utilities, noise, 1)[0]]
 
 
@@ -251,6 +256,8 @@ class PermuteAndFlip:
         return permutation[np.arange(runs), first].reshape(runs, 1)
 
     def select(self, utilities: Sequence[float] | np.ndarray, noise: NoiseSource) -> list[int]:
+        if noise.secure:  # report-noisy-max with Exponential(C/eps0) noise is permute-and-flip
+            return noise.noisy_top_k(_utility_matrix(utilities), self.sensitivity / self.epsilon0, 1, "exponential")
         return [int(i) for i in self.sample(utilities, noise, 1)[0]]
 
 

@@ -128,6 +128,24 @@ class Engine(EngineLM):
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
         """Per-token log-probabilities of ``text`` after ``context``."""
 
+    # -- lengths (records are bounded with these before any privacy budget is spent) ---
+    @property
+    def context_tokens(self) -> int | None:
+        """The engine's context window in tokens, or ``None`` when it cannot tell (an API)."""
+        return None
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` (no special tokens). Without a tokenizer: its UTF-8 bytes, an
+        upper bound for byte-level tokenizers (every token covers at least one byte)."""
+        return len(text.encode("utf-8"))
+
+    def truncate_to_tokens(self, text: str, max_tokens: int) -> str:
+        """``text`` cut to at most ``max_tokens`` tokens (a per-record, data-independent map)."""
+        data = text.encode("utf-8")
+        if len(data) <= max_tokens:
+            return text
+        return data[:max_tokens].decode("utf-8", errors="ignore")
+
     # -- usage ----------------------------------------------------------------------
     def _count(self, *, calls: int = 1, prompt_tokens: int = 0, completion_tokens: int = 0,
                seconds: float = 0.0, cost_usd: float = 0.0, retries: int = 0) -> None:

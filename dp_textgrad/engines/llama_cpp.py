@@ -249,6 +249,24 @@ class LlamaCppEngine(Engine):
     def n_vocab(self) -> int:
         return self._n_vocab
 
+    @property
+    def context_tokens(self) -> int | None:
+        return self._n_ctx
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text, bos=False))
+
+    def truncate_to_tokens(self, text: str, max_tokens: int) -> str:
+        ids = self.tokenize(text, bos=False)
+        if len(ids) <= max_tokens:
+            return text
+        with self._lock:
+            cut = self._llm.detokenize(ids[:max_tokens]).decode("utf-8", errors="ignore")
+        # Detokenising can merge differently; cut further until it fits.
+        while cut and len(self.tokenize(cut, bos=False)) > max_tokens:
+            cut = cut[:-1]
+        return cut
+
     def tokenize(self, text: str, *, bos: bool) -> list[int]:
         """Token ids of ``text``; special-token markup in the text is treated as plain text."""
         with self._lock:

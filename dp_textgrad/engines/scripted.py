@@ -169,6 +169,16 @@ class ScriptedEngine(Engine):
         self._position += 1
         return answer
 
+    @property
+    def context_tokens(self) -> int | None:
+        return self.max_context_tokens
+
+    def count_tokens(self, text: str) -> int:
+        return len(scripted_tokens(text))
+
+    def truncate_to_tokens(self, text: str, max_tokens: int) -> str:
+        return "".join(scripted_tokens(text)[:max_tokens])
+
     def _check_context(self, n_tokens: int) -> None:
         if self.max_context_tokens is not None and n_tokens > self.max_context_tokens:
             raise EngineError(

@@ -296,6 +296,23 @@ class TransformersEngine(Engine):
                 self._cache.clear()
 
     # -- tokenization -----------------------------------------------------------------
+    @property
+    def context_tokens(self) -> int | None:
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(limit) if isinstance(limit, int) and limit > 0 else None
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._encode_piece(text))
+
+    def truncate_to_tokens(self, text: str, max_tokens: int) -> str:
+        ids = self._encode_piece(text)
+        if len(ids) <= max_tokens:
+            return text
+        cut = self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        while cut and len(self._encode_piece(cut)) > max_tokens:
+            cut = cut[:-1]
+        return cut
+
     def _encode_piece(self, text: str) -> list[int]:
         if not text:
             return []

@@ -1,0 +1,222 @@
+"""The release boundary: every structured output of a run, field by field, in one table.
+
+Each field of each channel has one class:
+
+- ``public``: configuration, public parameters, and costs of the public phase (mutation
+  and critique calls see only public text and DP outputs);
+- ``dp_output``: released by a charged mechanism, or computed from such releases only
+  (post-processing);
+- ``operator_only``: derived from private data without noise (real usage, token counts
+  and wall time of the private scoring phase). It never reaches a released channel; runs
+  keep it under ``operator/`` in the run directory, which reports, ``result.json``,
+  ``metrics.jsonl``, callbacks and the run log never read.
+
+Writers do not pick fields themselves: they hand the whole payload to :func:`split`,
+which returns the released part and the operator-only part and refuses a field the
+table does not classify. So a new statistic cannot reach a file without a decision
+here, and the twin-run test (``tests/test_release_twin.py``) checks the table: flip an
+operator-only field to ``public`` and the test fails.
+
+``docs/privacy.md`` renders this table for readers (``python -m dp_textgrad.release``
+prints it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+PUBLIC = "public"
+DP_OUTPUT = "dp_output"
+OPERATOR_ONLY = "operator_only"
+CLASSES = (PUBLIC, DP_OUTPUT, OPERATOR_ONLY)
+
+# A field whose value is a list of payloads of another channel (e.g. history -> metrics).
+NESTED = "nested:"
+
+
+class UnclassifiedFieldError(KeyError):
+    """A writer tried to release a field the release table does not classify."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+# channel -> field -> class (or "nested:<channel>"). Channel names are the places they go.
+CHANNELS: dict[str, dict[str, str]] = {
+    # One line per generation in metrics.jsonl; also the GenerationReport given to callbacks,
+    # the progress display and the history in result.json and checkpoint.json.
+    "metrics": {
+        "generation": PUBLIC,
+        "best_candidate_id": DP_OUTPUT,
+        "best_estimate": DP_OUTPUT,
+        "mean_estimate": DP_OUTPUT,
+        "noise_std_estimate": PUBLIC,        # z, C, K, q and the public N only
+        "epsilon_spent": PUBLIC,             # a function of the charged events' public parameters
+        "epsilons": PUBLIC,
+        "public_calls": PUBLIC,              # mutation and critique calls (public inputs)
+        "public_prompt_tokens": PUBLIC,
+        "public_completion_tokens": PUBLIC,
+        "planned_private_evaluations": PUBLIC,  # q N K: the expectation, not the realised count
+        "private_calls": OPERATOR_ONLY,      # depend on the secret subsample
+        "private_prompt_tokens": OPERATOR_ONLY,
+        "private_completion_tokens": OPERATOR_ONLY,
+        "seconds": OPERATOR_ONLY,            # wall time includes the private scoring phase
+    },
+    # result.json
+    "result": {
+        "prompt": DP_OUTPUT,
+        "candidate_id": DP_OUTPUT,
+        "estimate": DP_OUTPUT,
+        "epsilon": PUBLIC,
+        "delta": PUBLIC,
+        "epsilons": PUBLIC,
+        "generations_run": PUBLIC,           # stops depend on the budget and public events only
+        "stopped_because": PUBLIC,
+        "unsafe": PUBLIC,
+        "noise": PUBLIC,
+        "history": NESTED + "metrics",
+        "lineage": DP_OUTPUT,
+        "evaluation": PUBLIC,                # the user's test split: not private training data
+        "public_usage": PUBLIC,
+        "planned_private_evaluations": PUBLIC,
+        "fewshot": PUBLIC,                   # the audit's positive control: says it is NOT private
+        "seconds": OPERATOR_ONLY,
+        "engine_usage": OPERATOR_ONLY,       # totals include the private phase
+    },
+    # checkpoint.json (meant to be resumable anywhere, so it is released too)
+    "checkpoint": {
+        "format": PUBLIC,
+        "generation": PUBLIC,
+        "config": PUBLIC,
+        "noise_multiplier": PUBLIC,
+        "selection_epsilon": PUBLIC,
+        "population": DP_OUTPUT,             # texts chosen and scored by DP mechanisms
+        "public_rng_state": PUBLIC,          # advanced by public choices only
+        "history": NESTED + "metrics",
+        "stopped_because": PUBLIC,
+        "variable_value": DP_OUTPUT,
+    },
+    # config.json
+    "config": {
+        "task": PUBLIC,
+        "engine": PUBLIC,
+        "config": PUBLIC,
+        "seed_prompt": PUBLIC,
+        "noise_multiplier": PUBLIC,
+        "selection_epsilon": PUBLIC,
+        "dataset_size": PUBLIC,              # N is declared public (docs/privacy.md)
+        "noise": PUBLIC,
+    },
+    # one line of runs/run_metadata.jsonl
+    "run_log": {
+        "run_dir": PUBLIC,
+        "task": PUBLIC,
+        "engine": PUBLIC,
+        "config": PUBLIC,
+        "noise_seeded_insecurely": PUBLIC,
+        "noise": PUBLIC,
+        "epsilon": PUBLIC,
+        "delta": PUBLIC,
+        "epsilon_by_accountant": PUBLIC,
+        "accountant": PUBLIC,
+        "unsafe": PUBLIC,
+        "machine": PUBLIC,
+        "code_version": PUBLIC,
+        "started": PUBLIC,                   # taken before any private record is read
+        "seconds": OPERATOR_ONLY,
+    },
+    # one line of the run log per audit (docs/audit.md): research results about canaries or synthetic
+    # mechanism runs; everything but the time of a run that read private records is public.
+    "audit_log": {
+        "seconds": OPERATOR_ONLY,
+        "*": PUBLIC,
+    },
+    # one line of ledger.jsonl per charge
+    "ledger_entry": {
+        "index": PUBLIC,
+        "label": PUBLIC,
+        "event": PUBLIC,
+        "epsilons": PUBLIC,
+        "epsilon": PUBLIC,
+        "metadata": PUBLIC,                  # mechanism parameters and candidate ids only
+        "differentially_private": PUBLIC,
+        "note": PUBLIC,
+        # No timestamps: the times between charges would time the private phase.
+    },
+}
+
+# Channels that are not structured payloads: what each may carry (docs/privacy.md lists them).
+TEXT_CHANNELS: dict[str, str] = {
+    "report.md, report.html, plots/": "rendered from released files only (result.json, metrics.jsonl, "
+                                      "config.json, audit.json); never from operator/",
+    "released_prompt.txt": "the DP-released prompt",
+    "cli_settings.json": "the user's settings (public)",
+    "console (stdout)": "budget, plan and public costs; per generation: generation, DP estimates, epsilon spent",
+    "console (stderr)": "one-line errors that quote no private record and no private-derived number; "
+                        "validation errors before any charge may name rows of the private file",
+    "exception messages and --debug tracebacks": "engine errors while private records are scored are "
+                                                 "rewritten at the scorer into a fixed message; no local "
+                                                 "variables are shown",
+    "log records and warnings": "none computed from private records",
+    "exit codes": "0 released, 1 run failure, 2 bad input, 130 interrupted: all decided by public events",
+    "operator/": "operator-only values (real private-phase usage and time, raw engine error text): "
+                 "derived from private data without noise, do not share",
+}
+
+
+def classify(channel: str, name: str) -> str:
+    try:
+        fields = CHANNELS[channel]
+    except KeyError:
+        raise UnclassifiedFieldError(f"release: unknown channel {channel!r}; add it to dp_textgrad.release.CHANNELS") \
+            from None
+    if name not in fields and "*" not in fields:
+        raise UnclassifiedFieldError(
+            f"release: field {name!r} of channel {channel!r} is not classified; add it to "
+            "dp_textgrad.release.CHANNELS as public, dp_output or operator_only"
+        )
+    return fields.get(name, fields.get("*", ""))
+
+
+def split(channel: str, payload: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(released, operator_only) parts of ``payload`` under the table; nested channels recurse."""
+    if channel not in CHANNELS:
+        classify(channel, "")  # raises: unknown channel
+    released: dict[str, Any] = {}
+    operator: dict[str, Any] = {}
+    for name, value in payload.items():
+        kind = classify(channel, name)
+        if kind.startswith(NESTED):
+            inner = kind[len(NESTED):]
+            parts = [split(inner, item) for item in (value or [])]
+            released[name] = [public for public, _ in parts]
+            hidden = [private for _, private in parts]
+            if any(hidden):
+                operator[name] = hidden
+        elif kind == OPERATOR_ONLY:
+            operator[name] = value
+        else:
+            released[name] = value
+    return released, operator
+
+
+def released(channel: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``payload`` that may leave the operator's hands."""
+    return split(channel, payload)[0]
+
+
+def channel_table() -> str:
+    """The table as Markdown (for docs/privacy.md)."""
+    lines = ["| channel | field | class |", "|---|---|---|"]
+    for channel, fields in CHANNELS.items():
+        for name, kind in fields.items():
+            shown = f"list of `{kind[len(NESTED):]}` payloads" if kind.startswith(NESTED) else kind
+            lines.append(f"| {channel} | `{name}` | {shown} |")
+    lines += ["", "| channel | what it may carry |", "|---|---|"]
+    lines += [f"| {name} | {rule} |" for name, rule in TEXT_CHANNELS.items()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(channel_table())

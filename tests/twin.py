@@ -1,0 +1,216 @@
+"""The twin-run harness of the release-boundary tests.
+
+Two runs of ``dp-textgrad optimize`` that differ in one private record: D, and D plus
+``x``, a record ten times longer than the median and full of rare tokens. The engine is
+scripted, but its token usage and its latency grow with the length of what it scores, as
+a real engine's do. Everything the runs release is collected, normalised (run-directory
+name, temporary paths) and compared; the operator-only area is collected apart.
+
+Record ``x`` is built so that every DP statistic of the two runs is identical when the
+noise is seeded: no candidate predicts its label (its clipped score is 0), and the
+Poisson subsample draws one extra uniform for it after those of D. So any difference in
+a released channel is a leak, not noise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from dp_textgrad import cli
+from dp_textgrad.engines.scripted import ScriptedEngine, scripted_tokens
+
+LABELS = ("bill", "tech", "fraud")
+CUES = {"bill": "I was charged twice for my plan", "tech": "the app crashes when I open it",
+        "fraud": "someone used my stolen card"}
+RARE = "zqxj vuwk ptfh grml dbzv kxqw jhyf "
+CHILDREN = ["Name the request of the message: bill, tech or fraud.",
+            "Read the message and give its label (bill, tech, fraud)."]
+
+
+class LengthTimedEngine(ScriptedEngine):
+    """Scores from the record's cue only; usage and latency grow with the record's length."""
+
+    seconds_per_token = 0.0004
+
+    def __init__(self) -> None:
+        super().__init__(responses=list(CHILDREN))
+
+    def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
+        tokens = len(scripted_tokens(prefix)) + sum(len(scripted_tokens(s)) for s in suffixes)
+        time.sleep(self.seconds_per_token * tokens)
+        rows = []
+        for suffix in suffixes:
+            hit = [label for label in LABELS if CUES[label] in suffix]
+            target = hit[0] if hit else LABELS[0]
+            rows.append([0.0 if c.strip() == target else -4.0 for c in choices])
+        self._count(prompt_tokens=tokens, seconds=self.seconds_per_token * tokens)
+        return np.array(rows, dtype=float).reshape(len(suffixes), len(choices))
+
+
+def write_rows(path: Path, rows: Sequence[tuple[str, str]]) -> None:
+    lines = ["text,label"] + [f"{text},{label}" for text, label in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def base_rows(n: int) -> list[tuple[str, str]]:
+    return [(f"{CUES[LABELS[i % 3]]} {i}", LABELS[i % 3]) for i in range(n)]
+
+
+def long_record(rows: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """Ten times the median length, rare tokens only, labelled so that no candidate gets it right."""
+    median = float(np.median([len(scripted_tokens(text)) for text, _ in rows]))
+    words = RARE.split()
+    text = " ".join(words[i % len(words)] + str(i) for i in range(int(10 * median)))
+    return text, LABELS[1]
+
+
+@dataclass
+class Capture:
+    """Everything one CLI run produced, split into released channels and operator-only files."""
+
+    root: Path
+    run_dir: Path
+    exit_code: int
+    stdout: str
+    stderr: str
+    released: dict[str, bytes] = field(default_factory=dict)
+    operator: dict[str, bytes] = field(default_factory=dict)
+
+    def normalised(self, name: str) -> bytes:
+        """The channel's bytes with what differs between any two runs replaced: the run-directory
+        name, the temporary root, and the run log's ``started`` (wall clock at the start, before
+        any private record is read)."""
+        data = self.released[name]
+        for path, placeholder in ((str(self.root), "<ROOT>"), (self.run_dir.name, "<RUN>")):
+            data = data.replace(path.encode(), placeholder.encode())
+        return re.sub(rb'"started": "[^"]*"', b'"started": "<TIME>"', data)
+
+
+def collect(root: Path, run_dir: Path, result) -> Capture:
+    capture = Capture(root, run_dir, result.exit_code, result.stdout, result.stderr)
+    capture.released["<stdout>"] = result.stdout.encode()
+    capture.released["<stderr>"] = result.stderr.encode()
+    capture.released["<exit code>"] = str(result.exit_code).encode()
+    for path in sorted(root.joinpath("runs").rglob("*")):
+        if not path.is_file():
+            continue
+        relative = path.relative_to(run_dir).as_posix() if run_dir in path.parents else path.name
+        bucket = capture.operator if relative.startswith("operator/") else capture.released
+        bucket[relative] = path.read_bytes()
+    return capture
+
+
+SCRIPTED_ENGINE = '[engine]\nkind = "openai"\nmodel = "twin"\nbase_url = "http://127.0.0.1:9/v1"\n'
+TASK_LINES = ('description = "Customer messages about a bill, a technical problem or fraud."\n'
+              'seed_prompt = "Label the message."\n')
+
+
+def run_twin(root: Path, rows: Sequence[tuple[str, str]], monkeypatch, config_lines: str,
+             engine_factory: Callable[[], ScriptedEngine] | None = LengthTimedEngine,
+             extra_args: Sequence[str] = (), engine_lines: str = SCRIPTED_ENGINE,
+             test_rows: Sequence[tuple[str, str]] | None = None, task_lines: str = TASK_LINES) -> Capture:
+    """One ``optimize`` run on ``rows``; ``engine_factory=None`` builds the engine the config names."""
+    (root / "data").mkdir(parents=True)
+    write_rows(root / "data" / "train.csv", rows)
+    write_rows(root / "data" / "test.csv", base_rows(9) if test_rows is None else test_rows)
+    config = root / "run.toml"
+    config.write_text(
+        '[task]\ntrain = "data/train.csv"\ntest = "data/test.csv"\n' + task_lines + engine_lines +
+        f"[dp]\n{config_lines}\n"
+        f'[output]\nruns_root = "{(root / "runs").as_posix()}"\n', encoding="utf-8")
+    if engine_factory is not None:
+        monkeypatch.setattr(cli, "make_engine", lambda section: engine_factory())
+    result = CliRunner().invoke(cli.app, ["optimize", "--config", str(config), *extra_args])
+    run_dirs = [p for p in (root / "runs").glob("run-*") if p.is_dir()]
+    assert len(run_dirs) == 1, (result.output, run_dirs)
+    return collect(root, run_dirs[0], result)
+
+
+def differences(a: Capture, b: Capture) -> list[str]:
+    """Names of released channels whose normalised bytes differ (or exist in one run only)."""
+    names = sorted(set(a.released) | set(b.released))
+    out = []
+    for name in names:
+        if name not in a.released or name not in b.released:
+            out.append(f"{name} (only in one run)")
+        elif a.normalised(name) != b.normalised(name):
+            out.append(name)
+    return out
+
+
+def json_differences(a: Capture, b: Capture, name: str) -> list[str]:
+    """Dotted paths of the values that differ in a JSON or JSON-lines channel (for messages)."""
+    def load(capture: Capture) -> object:
+        text = capture.normalised(name).decode()
+        if name.endswith(".jsonl"):
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return json.loads(text)
+
+    found: list[str] = []
+
+    def walk(x: object, y: object, where: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for key in sorted(set(x) | set(y)):
+                walk(x.get(key), y.get(key), f"{where}.{key}" if where else str(key))
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for i, (u, v) in enumerate(zip(x, y)):
+                walk(u, v, f"{where}[{i}]")
+        elif x != y:
+            found.append(where)
+
+    walk(load(a), load(b), "")
+    return found
+
+
+# Released JSON files and the release-table channel of their payloads (one per line for JSONL).
+JSON_CHANNELS = {"metrics.jsonl": "metrics", "result.json": "result", "checkpoint.json": "checkpoint",
+                 "config.json": "config", "run_metadata.jsonl": "run_log"}
+_FLOAT = re.compile(rb"-?\d+\.\d+")
+
+
+def _mask(channel: str, payload: object) -> object:
+    from dp_textgrad import release
+
+    if not isinstance(payload, dict):
+        return payload
+    out = {}
+    for name, value in payload.items():
+        kind = release.classify(channel, name)
+        if kind == release.DP_OUTPUT:
+            out[name] = "<DP>"
+        elif kind.startswith(release.NESTED):
+            out[name] = [_mask(kind[len(release.NESTED):], item) for item in value or []]
+        else:
+            out[name] = value
+    return out
+
+
+def masked(capture: Capture, name: str) -> object:
+    """A released channel with its DP-output fields masked (JSON), or its decimals masked (stdout).
+
+    For a twin pair whose DP outputs may differ (a real model): everything else must agree.
+    Reports and plots are rendered from the released JSON alone, so they are not compared.
+    """
+    data = capture.normalised(name)
+    if name in JSON_CHANNELS:
+        channel = JSON_CHANNELS[name]
+        if name.endswith(".jsonl"):
+            return [_mask(channel, json.loads(line)) for line in data.decode().splitlines() if line.strip()]
+        return _mask(channel, json.loads(data))
+    if name == "<stdout>":
+        return _FLOAT.sub(b"<x.x>", data)
+    return data
+
+
+def masked_differences(a: Capture, b: Capture) -> list[str]:
+    skip = ("report.md", "report.html", "plots/", "released_prompt.txt")
+    names = sorted(n for n in set(a.released) | set(b.released) if not n.startswith(skip))
+    return [n for n in names if n not in a.released or n not in b.released or masked(a, n) != masked(b, n)]
