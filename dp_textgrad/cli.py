@@ -367,12 +367,19 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
             console.print("[bold red]UNSAFE mode: raw private examples reach the mutator. NOT differentially private.[/]")
         holder["task"] = progress.add_task("dp-es", total=cfg.generations, completed=optimizer.generation,
                                            best="-", eps="0", tokens=0)
-        progress.start()
+        if console.is_terminal:  # a live bar; elsewhere (logs, nohup) one plain line per generation
+            progress.start()
 
     def on_generation(report) -> None:
+        holder["public_tokens"] = (holder.get("public_tokens", 0) + report.public_prompt_tokens
+                                   + report.public_completion_tokens)
         progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
-                        eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}",
-                        tokens=report.public_prompt_tokens + report.public_completion_tokens)
+                        eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}", tokens=holder["public_tokens"])
+        if not console.is_terminal:
+            console.print(f"generation {report.generation + 1}/{holder['generations']}: best estimate "
+                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g} of "
+                          f"{holder['epsilon']:g}, public tokens {holder['public_tokens']}",
+                          markup=False, highlight=False)
         # The checkpoint of this generation is on disk now; after the last one, just finish.
         if stop is not None and stop.requested and report.generation + 1 < holder["generations"]:
             raise _StopAfterCheckpoint
@@ -397,8 +404,12 @@ def _print_outcome(outcome) -> None:
                       f"(smallest valid bound; {by})")
     if outcome.evaluation is not None:
         ev = outcome.evaluation
+        paired = ""
+        if ev.difference is not None:
+            paired = (f"; difference {ev.difference:+.3f} [95% CI {ev.difference_low:+.3f}, {ev.difference_high:+.3f}], "
+                      f"McNemar p = {ev.mcnemar_p:.2g}")
         console.print(f"[bold]Test accuracy[/] (n={ev.n_test}, not covered by DP): seed {ev.seed_accuracy:.3f} -> "
-                      f"released {ev.released_accuracy:.3f}")
+                      f"released {ev.released_accuracy:.3f}{paired}", soft_wrap=True)
     usage = result.public_usage
     console.print(f"[bold]Cost[/] (public figures): {result.generations_run} generations x about "
                   f"{result.planned_private_evaluations:.0f} planned private record evaluations; public phase "

@@ -267,6 +267,12 @@ def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any]
             f"| released | {evaluation['released_accuracy']:.3f} |",
             "",
         ]
+        if evaluation.get("difference") is not None:
+            better, worse = evaluation.get("discordant") or (0, 0)
+            lines += [f"Paired on the same {evaluation['n_test']} records: difference "
+                      f"{evaluation['difference']:+.3f} (95% CI {evaluation['difference_low']:+.3f} to "
+                      f"{evaluation['difference_high']:+.3f}); exact McNemar test p = {evaluation['mcnemar_p']:.2g} "
+                      f"({better} records only the released prompt gets right, {worse} only the seed).", ""]
     if metrics:
         lines += ["## Generations (noisy statistics and public costs only)", "",
                   "| gen | best estimate | mean estimate | epsilon spent | public calls | public tokens |",

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es.config import DPESConfig
@@ -21,11 +23,41 @@ from dp_textgrad.tasks.base import ClassificationTask
 
 @dataclass
 class Evaluation:
-    """Test-split accuracy of the seed and released prompts (research evaluation, not covered by DP)."""
+    """Test-split accuracy of the seed and released prompts (research evaluation, not covered by DP).
+
+    With per-record outcomes (:func:`paired_evaluation`): the difference released - seed with
+    its 95% interval (Wald on the paired differences) and the exact McNemar p-value of the
+    discordant pairs.
+    """
 
     seed_accuracy: float
     released_accuracy: float
     n_test: int
+    difference: float | None = None
+    difference_low: float | None = None
+    difference_high: float | None = None
+    mcnemar_p: float | None = None
+    discordant: tuple[int, int] | None = None  # (released right and seed wrong, the reverse)
+
+
+def paired_evaluation(task: ClassificationTask, engine: Any, seed_prompt: str, released_prompt: str) -> Evaluation:
+    """Both prompts on the same test records, compared pairwise (McNemar, paired interval)."""
+    from scipy import stats
+
+    seed = task.public_outcomes(engine, seed_prompt, task.test)
+    released = seed if released_prompt == seed_prompt else task.public_outcomes(engine, released_prompt, task.test)
+    seed_right = np.asarray(seed.predicted == seed.gold, dtype=float)
+    released_right = np.asarray(released.predicted == released.gold, dtype=float)
+    diff = released_right - seed_right
+    n = diff.size
+    better, worse = int(np.sum(diff > 0)), int(np.sum(diff < 0))
+    p_value = 1.0 if better + worse == 0 else float(stats.binomtest(better, better + worse, 0.5).pvalue)
+    half = 1.959963984540054 * float(np.std(diff, ddof=1)) / np.sqrt(n) if n > 1 else float("nan")
+    return Evaluation(
+        seed_accuracy=float(seed_right.mean()), released_accuracy=float(released_right.mean()), n_test=n,
+        difference=float(diff.mean()), difference_low=float(diff.mean() - half),
+        difference_high=float(diff.mean() + half), mcnemar_p=p_value, discordant=(better, worse),
+    )
 
 
 @dataclass
@@ -90,11 +122,7 @@ def run(
     (directory / runs.PROMPT_NAME).write_text(result.prompt + "\n", encoding="utf-8")
     evaluation = None
     if evaluate and task.test:
-        evaluation = Evaluation(
-            seed_accuracy=task.accuracy(engine, seed_text),
-            released_accuracy=task.accuracy(engine, result.prompt),
-            n_test=len(task.test),
-        )
+        evaluation = paired_evaluation(task, engine, seed_text, result.prompt)
     seconds = time.perf_counter() - started
     runs.write_released_json(directory, runs.RESULT_NAME, "result", {
         **result.as_dict(),

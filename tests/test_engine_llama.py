@@ -257,3 +257,15 @@ def test_empty_choice_and_overflow_errors(llama_engine: LlamaCppEngine) -> None:
         llama_engine.score_choices_batch(PREFIX, SUFFIXES, [" positive", ""])
     with pytest.raises(EngineError, match="context holds 512"):
         llama_engine.score_choices(" word" * 600, CHOICES)
+
+
+@pytest.mark.parametrize("cpus, load, expected", [(2, 0.1, 2), (2, 0.9, 1), (2, 1.6, 1), (8, 3.2, 5), (4, 9.0, 1)])
+def test_default_threads_use_the_free_cpus(monkeypatch, cpus, load, expected):
+    from dp_textgrad.engines import llama_cpp
+
+    monkeypatch.delenv("DP_TEXTGRAD_THREADS", raising=False)
+    monkeypatch.setattr(llama_cpp, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(llama_cpp.os, "getloadavg", lambda: (load, load, load))
+    assert llama_cpp.default_threads() == expected
+    monkeypatch.setenv("DP_TEXTGRAD_THREADS", "3")
+    assert llama_cpp.default_threads() == 3

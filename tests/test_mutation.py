@@ -444,3 +444,35 @@ def test_base_model_follows_the_rewrite_and_crossover_patterns(llama_engine):
                                weights=only("llm_crossover"), max_tokens=60)
     kids = crossover.children([seed_candidate(), partner], 2, 1)
     assert kids and all("crossover" in k.operator for k in kids)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_demo_set_is_balanced_public_and_keeps_the_instruction(seed):
+    engine = make_engine(None, seed=seed, weights=only("demo_set"))
+    child = engine.children([seed_candidate()], 1, 1)[0]
+    layout = parse_layout(child.text, engine.demo_pool)
+    assert child.operator == "demo_set" and layout.instruction == SEED_TEXT
+    per_label = child.operator_meta["per_label"]
+    labels = [engine.demo_labels[i] for i in child.operator_meta["demo_pool_indices"]]
+    # every label as often as the pool allows: billing has 2 public examples, the others 1
+    for label in LABELS:
+        available = sum(ex.label == label for ex in PUBLIC)
+        assert labels.count(label) == min(per_label, available)
+    assert all(engine.demo_pool[i].source == "public_example" for i in child.operator_meta["demo_pool_indices"])
+    assert not child.unsafe
+
+
+def test_demo_set_shrinks_to_fit_the_length_limit():
+    engine = make_engine(None, seed=1, weights=only("demo_set"), max_prompt_chars=len(SEED_TEXT) + 200)
+    child = engine.children([seed_candidate()], 1, 1)[0]
+    assert len(child.text) <= len(SEED_TEXT) + 200 and child.operator_meta["per_label"] == 1
+
+
+def test_no_llm_weights_keep_the_llm_out_of_mutation():
+    from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS
+
+    llm = FakeLLM()
+    engine = make_engine(llm, seed=0, weights=NO_LLM_WEIGHTS)
+    children = engine.children([seed_candidate()], 4, 1)
+    assert children and llm.usage.calls == 0
+    assert all(child.operator not in NO_LLM_WEIGHTS for child in children)

@@ -49,6 +49,9 @@ class DPESConfig(BaseModel):
     )
     shrinkage: bool = Field(True, description="rank candidates by empirical-Bayes shrunk estimates (free)")
     use_critiques: bool = Field(True, description="ask the LLM for critiques of the parents before rewriting")
+    llm_operators: bool | None = Field(
+        None, description="LLM rewrites and critiques; default: on when the engine follows instructions "
+                          "(off for the default base model, which continues patterns instead)")
     seed: int = Field(0, description="seed of non-private choices (mutations); never of DP noise")
     insecure_noise_seed: int | None = Field(
         None, description="INSECURE: reproducible DP noise and subsampling, for tests and research only"

@@ -30,7 +30,7 @@ from dp_textgrad.dp_es.accountant import BudgetExceeded, PrivacyLedger, calibrat
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.critique import CritiquePipeline
 from dp_textgrad.dp_es.feedback import FeedbackSanitiser, render_confusion
-from dp_textgrad.dp_es.mutation import MutationEngine
+from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, MutationEngine
 from dp_textgrad.dp_es.noise import NoiseSource
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.private import PublicText
@@ -232,6 +232,8 @@ class EvolutionController(Optimizer):
             # The subsample must stay secret for amplification: draw it from the DP generator.
             sampling_rng=self.noise.sampling_generator,
         )
+        llm_operators = config.llm_operators if config.llm_operators is not None \
+            else bool(getattr(engine, "instruction_following", True))
         self.mutation = mutation_engine or MutationEngine(
             engine,
             PublicText(task.description, "user"),
@@ -242,10 +244,11 @@ class EvolutionController(Optimizer):
             render_demo=task.render_demo,
             max_prompt_chars=config.max_prompt_chars,
             unsafe_examples=self._unsafe_examples() if config.mode == "unsafe" else (),
+            weights=None if llm_operators else NO_LLM_WEIGHTS,
         )
         self.sanitiser = FeedbackSanitiser(mode=config.mode, keep_terms=task.labels)
         self.critique = critique
-        if self.critique is None and config.use_critiques:
+        if self.critique is None and config.use_critiques and llm_operators:
             self.critique = CritiquePipeline(
                 engine,
                 self.sanitiser,
@@ -733,13 +736,14 @@ class RunPlan:
 
 
 def _length_tools(engine: Any) -> tuple[Callable[[str], int], Callable[[str, int], str]]:
-    """The engine's token counter and truncation; UTF-8 bytes for engines without them."""
+    """The engine's token counter and truncation; a byte-based estimate for engines without them."""
+    from dp_textgrad.engines.base import estimated_tokens, truncate_estimated
+
     count = getattr(engine, "count_tokens", None)
     truncate = getattr(engine, "truncate_to_tokens", None)
     if callable(count) and callable(truncate):
         return count, truncate
-    return (lambda text: len(text.encode("utf-8")),
-            lambda text, n: text.encode("utf-8")[:n].decode("utf-8", errors="ignore"))
+    return estimated_tokens, truncate_estimated
 
 
 _SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", "sampling_rate", "selection",

@@ -48,7 +48,7 @@ PROMPT_CLOSE = "</PROMPT>"
 LLM_OPERATORS = ("llm_rewrite", "llm_crossover")
 RULE_OPERATORS = (
     "sentence_crossover", "reorder_sentences", "drop_sentence", "insert_phrase", "format_change",
-    "verbaliser_hint", "demo_insert", "demo_swap", "demo_remove",
+    "verbaliser_hint", "demo_insert", "demo_swap", "demo_remove", "demo_set",
 )
 DEFAULT_WEIGHTS: dict[str, float] = {
     "llm_rewrite": 3.0,
@@ -62,7 +62,11 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "demo_insert": 0.75,
     "demo_swap": 0.5,
     "demo_remove": 0.5,
+    "demo_set": 2.0,
 }
+# Operators that call an LLM to write text: off for engines that cannot follow instructions
+# (a small base model answers a rewrite request with noise), see MutationEngine.for_engine.
+NO_LLM_WEIGHTS: dict[str, float] = {"llm_rewrite": 0.0, "llm_crossover": 0.0}
 
 
 # -- the barrier ----------------------------------------------------------------------
@@ -305,6 +309,7 @@ class MutationEngine:
         self.demo_pool: list[PublicText] = [
             PublicText(_norm_block(self.render_demo(ex)), "public_example") for ex in self.public_examples
         ] + [PublicText(_norm_block(self.render_demo(ex)), "unsafe") for ex in self.unsafe_examples]
+        self.demo_labels = [ex.label for ex in self.public_examples] + [ex.label for ex in self.unsafe_examples]
         self.phrases = [PublicText(p, "phrase_bank") for p in phrase_bank.INSTRUCTION_PHRASES]
         self.formats = [PublicText(p, "phrase_bank") for p in phrase_bank.FORMAT_INSTRUCTIONS]
         self.weights = self._resolve_weights(weights)
@@ -419,6 +424,8 @@ class MutationEngine:
             return bool(layout.demos) and bool(self._unused_demos(layout))
         if name == "demo_remove":
             return bool(layout.demos)
+        if name == "demo_set":
+            return len(set(self.demo_labels)) >= 2
         return True
 
     def _run(self, name: str, primary: Candidate, partners: Sequence[Candidate],
@@ -487,6 +494,8 @@ class MutationEngine:
             hint = template.format(labels=label_list)
             sentences = [s for s in sentences if not _is_verbaliser_hint(s)] + [hint]
             meta = {"hint": hint}
+        elif name == "demo_set":
+            return self._demo_set(layout, primary)
         elif name in ("demo_insert", "demo_swap", "demo_remove"):
             unused = self._unused_demos(layout)
             if name == "demo_remove":
@@ -514,6 +523,31 @@ class MutationEngine:
         else:
             raise ValueError(f"operator: unknown rule edit {name!r}")
         return self._finish(PromptLayout(" ".join(sentences), demos), primary, name, meta, used_unsafe)
+
+    def _demo_set(self, layout: PromptLayout, primary: Candidate) -> _Op | None:
+        """Replace the demonstrations with a balanced set: the same number per label, shuffled.
+
+        A small base model copies the label of a lone demonstration; one to three per label,
+        in random order, is what makes few-shot prompting work for it. The largest set that
+        fits ``max_prompt_chars`` is kept.
+        """
+        by_label: dict[str, list[int]] = {}
+        for index, label in enumerate(self.demo_labels):
+            by_label.setdefault(label, []).append(index)
+        per_label = int(self.rng.integers(1, 4))
+        for size in range(per_label, 0, -1):
+            picks: list[int] = []
+            for label in sorted(by_label):
+                pool = by_label[label]
+                chosen = self.rng.choice(len(pool), size=min(size, len(pool)), replace=False)
+                picks += [pool[int(j)] for j in chosen]
+            picks = [picks[int(j)] for j in self.rng.permutation(len(picks))]
+            edited = PromptLayout(layout.instruction, [str(self.demo_pool[i]) for i in picks])
+            if len(edited.compose()) <= self.max_prompt_chars:
+                used_unsafe = any(self.demo_pool[i].source == "unsafe" for i in picks)
+                return self._finish(edited, primary, "demo_set",
+                                    {"per_label": size, "demo_pool_indices": picks}, used_unsafe)
+        return None
 
     def _unused_demos(self, layout: PromptLayout) -> list[PublicText]:
         present = {normalise_text(d) for d in layout.demos}

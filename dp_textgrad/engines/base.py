@@ -22,6 +22,21 @@ from dp_textgrad._textgrad import import_textgrad
 EngineLM = import_textgrad().EngineLM
 
 
+BYTES_PER_TOKEN = 4
+
+
+def estimated_tokens(text: str) -> int:
+    """Token count estimated from UTF-8 bytes, for engines that cannot tokenize locally."""
+    return -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN)
+
+
+def truncate_estimated(text: str, max_tokens: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= BYTES_PER_TOKEN * max_tokens:
+        return text
+    return data[:BYTES_PER_TOKEN * max_tokens].decode("utf-8", errors="ignore")
+
+
 class EngineError(RuntimeError):
     """An engine failed after its retries. The message never quotes prompt text."""
 
@@ -65,6 +80,8 @@ class Engine(EngineLM):
 
     model_string: str = "engine"
     system_prompt: str = "You are a helpful, concise assistant."
+    # Whether the model follows instructions (LLM rewrites and critiques are worth asking for).
+    instruction_following: bool = True
 
     def __init__(self) -> None:
         self.usage = Usage()
@@ -135,16 +152,13 @@ class Engine(EngineLM):
         return None
 
     def count_tokens(self, text: str) -> int:
-        """Tokens of ``text`` (no special tokens). Without a tokenizer: its UTF-8 bytes, an
-        upper bound for byte-level tokenizers (every token covers at least one byte)."""
-        return len(text.encode("utf-8"))
+        """Tokens of ``text`` (no special tokens). Without a tokenizer (an API): an estimate,
+        4 UTF-8 bytes per token, rounded up (typical of BPE on English text)."""
+        return estimated_tokens(text)
 
     def truncate_to_tokens(self, text: str, max_tokens: int) -> str:
         """``text`` cut to at most ``max_tokens`` tokens (a per-record, data-independent map)."""
-        data = text.encode("utf-8")
-        if len(data) <= max_tokens:
-            return text
-        return data[:max_tokens].decode("utf-8", errors="ignore")
+        return truncate_estimated(text, max_tokens)
 
     # -- usage ----------------------------------------------------------------------
     def _count(self, *, calls: int = 1, prompt_tokens: int = 0, completion_tokens: int = 0,

@@ -66,13 +66,21 @@ def available_cpus() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def default_threads() -> int:
-    """Half the available CPUs (about the physical cores), at least one.
+def busy_cpus() -> int:
+    """CPUs other work keeps busy: the 1-minute load average, rounded (0 where it is unknown)."""
+    try:
+        return max(0, round(os.getloadavg()[0]))
+    except (AttributeError, OSError):
+        return 0
 
-    llama.cpp's OpenMP threads spin while they wait: with as many threads as logical
-    CPUs, any other load on the machine (even the Python side of this library) made
-    decoding many times slower on a 2-CPU machine (measured: 340 vs 14 tokens/s with
-    one CPU busy elsewhere). ``DP_TEXTGRAD_THREADS`` overrides the default.
+
+def default_threads() -> int:
+    """The CPUs that are free when the engine starts: available minus busy, at least one.
+
+    llama.cpp's OpenMP threads spin while they wait, so a thread on a CPU that other work
+    holds is far worse than no thread there (measured on 2 CPUs: 340 vs 14 tokens/s with
+    one CPU busy elsewhere). On an idle machine every CPU is used; under load (a test
+    suite, another run) fewer. ``DP_TEXTGRAD_THREADS`` overrides the rule.
     """
     configured = os.environ.get("DP_TEXTGRAD_THREADS")
     if configured:
@@ -83,7 +91,7 @@ def default_threads() -> int:
         if value < 1:
             raise ValueError(f"DP_TEXTGRAD_THREADS: must be a positive integer, got {configured!r}")
         return value
-    return max(1, available_cpus() // 2)
+    return max(1, available_cpus() - busy_cpus())
 
 
 class GenerationCache:
@@ -155,8 +163,8 @@ class LlamaCppEngine(Engine):
     """llama.cpp engine (CPU). The default model is Gemma 3 270M Q4_K_M from PyPI.
 
     ``model_path``: a GGUF file; ``None`` assembles the default model into the user
-    cache (see ``dp_textgrad.engines.model_files``). ``n_threads``: defaults to half
-    the available CPUs (see :func:`default_threads`; llama.cpp's threads spin, so more
+    cache (see ``dp_textgrad.engines.model_files``). ``n_threads``: defaults to the
+    free CPUs (see :func:`default_threads`; llama.cpp's threads spin, so more
     threads than free cores is much slower). ``seed``: seeds sampling (temperature > 0) when a call gives no seed.
     ``cache``: ``None`` (default, nothing cached), ``"memory"``, a directory, or a
     ``GenerationCache``; sampling calls without a seed are never served from it.
@@ -177,12 +185,17 @@ class LlamaCppEngine(Engine):
         seed: int = 0,
         cache: GenerationCache | str | Path | bool | None = None,
         n_batch: int = 512,
+        instruction_following: bool | None = None,
     ) -> None:
         super().__init__()
+        # The default Gemma 3 270M is a base model: it continues patterns, it does not follow
+        # rewrite instructions. A user's GGUF is assumed to be instruction-tuned unless told.
+        self.instruction_following = (model_path is not None) if instruction_following is None \
+            else bool(instruction_following)
         if n_ctx < 16:
             raise ValueError(f"n_ctx: must be >= 16 tokens, got {n_ctx}")
         if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads: must be >= 1 or None (half the available CPUs), got {n_threads}")
+            raise ValueError(f"n_threads: must be >= 1 or None (the free CPUs), got {n_threads}")
         if n_batch < 1:
             raise ValueError(f"n_batch: must be >= 1, got {n_batch}")
         self._lib = import_local_module("llama_cpp", "llama-cpp-python")
