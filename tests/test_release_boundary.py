@@ -174,6 +174,10 @@ def test_an_engine_failing_on_the_third_private_record_keeps_the_charge_and_resu
     assert ledger.epsilon() <= 4.0 + 1e-9
     result = json.loads((run_dir / "result.json").read_text())
     assert result["epsilon"] == pytest.approx(ledger.epsilon())
+    # Public usage counts every generation of the run, those before the resume included.
+    history = result["history"]
+    assert result["public_usage"]["calls"] == sum(h["public_calls"] for h in history)
+    assert result["public_usage"]["prompt_tokens"] == sum(h["public_prompt_tokens"] for h in history)
 
 
 DRIVER = textwrap.dedent("""

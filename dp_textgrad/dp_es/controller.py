@@ -117,10 +117,6 @@ class _UsageMark:
         return _UsageMark(self.calls - other.calls, self.prompt_tokens - other.prompt_tokens,
                           self.completion_tokens - other.completion_tokens)
 
-    def __add__(self, other: "_UsageMark") -> "_UsageMark":
-        return _UsageMark(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
-                          self.completion_tokens + other.completion_tokens)
-
 
 class PreflightError(RuntimeError):
     """The engine, the context window or the run directory failed a check on public inputs,
@@ -208,7 +204,6 @@ class EvolutionController(Optimizer):
         self.stopped_because: str | None = None
         self._refused_epsilon = math.inf
         self._preflight_done = False
-        self._public_usage = _UsageMark()
 
         # Two generators, never mixed: reproducible public choices vs DP randomness.
         self.public_rng = np.random.default_rng(config.seed)
@@ -327,8 +322,9 @@ class EvolutionController(Optimizer):
             children = self._make_children(parents, self.generation)
             self.population.next_generation(children, parents=parents)
         # Usage outside the private phase saw public text and DP outputs only: releasable.
-        public = (before_private - mark) + (_UsageMark.of(self.engine) - after_private)
-        self._public_usage = self._public_usage + public
+        before, after = before_private - mark, _UsageMark.of(self.engine) - after_private
+        public = _UsageMark(before.calls + after.calls, before.prompt_tokens + after.prompt_tokens,
+                            before.completion_tokens + after.completion_tokens)
         report = self._report(t, best, public)
         private = after_private - before_private
         telemetry = GenerationTelemetry(private.calls, private.prompt_tokens, private.completion_tokens,
@@ -502,7 +498,10 @@ class EvolutionController(Optimizer):
             history=list(self.history),
             lineage=[c.to_dict() for c in self.population.lineage(best.id)],
             noise=self.noise.sampler,
-            public_usage=dict(self._public_usage.__dict__),
+            # From the history, so a resumed run counts the generations before the resume too.
+            public_usage={"calls": sum(h.public_calls for h in self.history),
+                          "prompt_tokens": sum(h.public_prompt_tokens for h in self.history),
+                          "completion_tokens": sum(h.public_completion_tokens for h in self.history)},
             planned_private_evaluations=self.planned_private_evaluations,
         )
 
