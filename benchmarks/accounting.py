@@ -101,7 +101,7 @@ sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
 
 from scipy.optimize import brentq  # noqa: E402
 
-from dp_textgrad.dp_es.accountant import (  # noqa: E402
+from dp_textgrad.privacy.accounting import (  # noqa: E402
     Accountant,
     AdvancedCompositionAccountant,
     BasicCompositionAccountant,

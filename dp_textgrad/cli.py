@@ -64,7 +64,7 @@ def _fail(exc: BaseException, code: int) -> None:
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:
-    from dp_textgrad.dp_es.private import PrivateDataError
+    from dp_textgrad.privacy.data import PrivateDataError
 
     return (ValueError, FileNotFoundError, ValidationError, PrivateDataError)
 
@@ -422,7 +422,7 @@ def _print_outcome(outcome) -> None:
 
 def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -> Any:
     """Run ``action`` and turn its failures into one line and an exit code."""
-    from dp_textgrad.dp_es.private import PrivateScoringError
+    from dp_textgrad.privacy.data import PrivateScoringError
     from dp_textgrad.engines.base import EngineError
 
     try:
@@ -595,7 +595,7 @@ def budget(
 ) -> None:
     """Calibration calculator: the noise for a budget, or the epsilon of a given noise. Reads no data."""
     try:
-        from dp_textgrad.dp_es.accountant import default_accountants
+        from dp_textgrad.privacy.accounting import default_accountants
         from dp_textgrad.dp_es.controller import RunPlan
 
         if (epsilon is None) == (noise_multiplier is None and selection_epsilon is None):

@@ -5,7 +5,7 @@ metrics, the released prompt and the report (plus ``audit.json`` after an end-to
 canary audit, see :mod:`dp_textgrad.audit.end_to_end`). Nothing in it holds raw private
 text unless the run was in unsafe mode (and then the report says so at the top).
 
-Every structured file goes through :mod:`dp_textgrad.release`: its released part is
+Every structured file goes through :mod:`dp_textgrad.privacy.release`: its released part is
 written here, its operator-only part under ``operator/`` (real private-phase usage and
 time, raw engine error text), which nothing that is shared reads.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from dp_textgrad import __version__, _io
 
-from dp_textgrad import release
+from dp_textgrad.privacy import release
 
 RUN_LOG_NAME = "run_metadata.jsonl"
 CONFIG_NAME = "config.json"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from dp_textgrad.dp_es.noise import NoiseSource
-from dp_textgrad.dp_es.private import PrivateBatch, PrivateDataset
+from dp_textgrad.privacy.noise import NoiseSource
+from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
 from dp_textgrad.engines.base import Engine, TokenLogprobs
 from dp_textgrad.tasks.base import ClassificationTask, Example, RecordOutcomes
 

@@ -11,12 +11,13 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 
-from dp_textgrad.dp_es import accountant as acc_mod
-from dp_textgrad.dp_es.accountant import (
+from dp_textgrad.privacy.accounting import calibration, composition, dpa_extensions, events as events_mod, ledger as ledger_mod
+from dp_textgrad.privacy.accounting import (
     Accountant,
     AdvancedCompositionAccountant,
     BasicCompositionAccountant,
     BudgetExceeded,
+    DEFAULT_RDP_ORDERS,
     PldAccountant,
     PrivacyLedger,
     RdpAccountant,
@@ -30,7 +31,7 @@ from dp_textgrad.dp_es.accountant import (
     pure_dp_rdp,
     smallest_bound,
 )
-from dp_textgrad.dp_es.events import GumbelTopKDpEvent, PureDpEvent, amplify_pure_dp
+from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent, amplify_pure_dp
 
 G = dpa.GaussianDpEvent
 Poisson = dpa.PoissonSampledDpEvent
@@ -58,8 +59,8 @@ def test_analytic_gaussian_is_an_upper_bound():
     # the returned epsilon must satisfy the exact Balle-Wang delta condition
     for sigma, delta in [(0.5, 1e-3), (1.0, 1e-5), (3.0, 1e-9), (10.0, 1e-6)]:
         eps = gaussian_analytic_epsilon(sigma, delta)
-        assert acc_mod._gaussian_delta(sigma, eps) <= delta
-        assert acc_mod._gaussian_delta(sigma, eps * 0.999) > delta  # and tight
+        assert composition._gaussian_delta(sigma, eps) <= delta
+        assert composition._gaussian_delta(sigma, eps * 0.999) > delta  # and tight
 
 
 def test_poisson_gaussian_1000_steps(accs):
@@ -161,8 +162,8 @@ def test_pure_dp_rdp_is_randomized_response_divergence():
 
 
 def test_gumbel_rdp_uses_smallest_curve():
-    orders = np.array(acc_mod.DEFAULT_RDP_ORDERS)
-    curve = acc_mod._gumbel_top_k_rdp(0.1, 2, orders)
+    orders = np.array(DEFAULT_RDP_ORDERS)
+    curve = dpa_extensions._gumbel_top_k_rdp(0.1, 2, orders)
     assert np.all(curve <= 2 * pure_dp_rdp(0.1, orders) + 1e-15)
     assert np.all(curve <= pure_dp_rdp(0.2, orders) + 1e-15)
     assert np.all(curve <= 2 * 0.1**2 / 8 * orders + 1e-15)
@@ -176,8 +177,8 @@ def test_gumbel_rdp_uses_smallest_curve():
 
 def test_neighbouring_relation_is_add_or_remove_everywhere():
     add_remove = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
-    assert acc_mod._ExtendedPldAccountant(1e-4).neighboring_relation == add_remove
-    assert acc_mod._ExtendedRdpAccountant(acc_mod.DEFAULT_RDP_ORDERS).neighboring_relation == add_remove
+    assert dpa_extensions._ExtendedPldAccountant(1e-4).neighboring_relation == add_remove
+    assert dpa_extensions._ExtendedRdpAccountant(DEFAULT_RDP_ORDERS).neighboring_relation == add_remove
     # REPLACE_ONE would double the Gaussian sensitivity in PLD (but not RDP): we match
     # the add/remove analytic value, which REPLACE_ONE could not
     replace = dpa.pld.PLDAccountant(dpa.NeighboringRelation.REPLACE_ONE).compose(G(1.0)).get_epsilon(1e-5)
@@ -334,7 +335,7 @@ class _FixedAccountant(Accountant):
         self.per_event = per_event
 
     def epsilon(self, events, delta):
-        return self.per_event * sum(n for _, n in acc_mod._group_events(events))
+        return self.per_event * sum(n for _, n in events_mod._group_events(events))
 
     def supports(self, event):
         return True
@@ -448,7 +449,7 @@ def test_jsonl_write_is_atomic(tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(acc_mod.os, "replace", failing_replace)
+    monkeypatch.setattr(ledger_mod.os, "replace", failing_replace)
     with pytest.raises(OSError):
         ledger.to_jsonl(path)
     assert path.read_bytes() == original
@@ -519,7 +520,7 @@ def test_calibration_rejects_unsupported_plans():
 
 
 def test_calibration_adapter_accepts_own_events():
-    adapter = acc_mod._SmallestBoundPrivacyAccountant([RdpAccountant()])
+    adapter = calibration._SmallestBoundPrivacyAccountant([RdpAccountant()])
     assert adapter.supports(Poisson(0.1, GumbelTopKDpEvent(0.1, 2)))
     assert not adapter.supports(dpa.RandomizedResponseDpEvent(0.5, 2))
     assert isinstance(adapter.ledger, dpa.NoOpDpEvent)

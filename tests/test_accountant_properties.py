@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dp_textgrad.dp_es.accountant import (
+from dp_textgrad.privacy.accounting import (
     AdvancedCompositionAccountant,
     BasicCompositionAccountant,
     BudgetExceeded,
@@ -23,7 +23,7 @@ from dp_textgrad.dp_es.accountant import (
     event_to_dict,
     smallest_bound,
 )
-from dp_textgrad.dp_es.events import GumbelTopKDpEvent, PureDpEvent
+from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent
 
 G = dpa.GaussianDpEvent
 Poisson = dpa.PoissonSampledDpEvent

@@ -28,7 +28,7 @@ from dp_textgrad.audit.canaries import (
     twin_datasets,
     with_private_records,
 )
-from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example
 
 LABELS = ["billing", "technical", "account"]

@@ -23,7 +23,7 @@ from dp_textgrad.audit.mechanism import (
     audit_gaussian_scores,
     audit_gumbel_topk,
 )
-from dp_textgrad.dp_es.events import amplify_pure_dp
+from dp_textgrad.privacy.accounting.events import amplify_pure_dp
 
 RUNS = 1000  # per arm: the positive control must reach 3 here
 DELTA = 1e-5

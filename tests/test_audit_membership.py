@@ -38,7 +38,7 @@ from dp_textgrad.audit.membership import (
     zlib_score,
 )
 from dp_textgrad.audit.stats import roc_auc
-from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.engines.base import Engine, TokenLogprobs
 from dp_textgrad.engines.scripted import ScriptedEngine, scripted_tokens
 from dp_textgrad.tasks.base import ClassificationTask, Example

@@ -120,7 +120,7 @@ def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
             previous = params
 
     # Recompute the cheap exponential column independently with the library's accountants.
-    from dp_textgrad.dp_es.accountant import default_accountants
+    from dp_textgrad.privacy.accounting import default_accountants
     from dp_textgrad.dp_es.config import DPESConfig
     from dp_textgrad.dp_es.controller import RunPlan
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli, workflow
-from dp_textgrad.dp_es.accountant import PrivacyLedger, default_accountants
+from dp_textgrad.privacy.accounting import PrivacyLedger, default_accountants
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.controller import RunPlan
 from dp_textgrad.engines.base import EngineError

@@ -13,12 +13,12 @@ import pytest
 
 from dp_textgrad import BudgetExceeded, ConfigError, DPEvolutionStrategy
 from dp_textgrad._textgrad import import_textgrad
-from dp_textgrad.dp_es.accountant import default_accountants
+from dp_textgrad.privacy.accounting import default_accountants
 from dp_textgrad.dp_es.config import DPESConfig
-from dp_textgrad.dp_es.private import PrivateScoringError
+from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.dp_es.controller import RunPlan
-from dp_textgrad.dp_es.events import GumbelTopKDpEvent
-from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.base import ClassificationTask, Example
 from dp_textgrad.tasks.synthetic import make_support_task
@@ -287,7 +287,7 @@ def test_charge_is_on_disk_before_any_record_is_read(task, tmp_path: Path) -> No
     with pytest.raises(PrivateScoringError, match="scoring the private records failed") as failure:
         opt.step()
     assert "engine crashed" not in str(failure.value) and "engine crashed" in failure.value.operator_detail
-    from dp_textgrad.dp_es.accountant import PrivacyLedger
+    from dp_textgrad.privacy.accounting import PrivacyLedger
 
     on_disk = PrivacyLedger.from_jsonl(tmp_path / "ledger.jsonl")
     assert len(on_disk.entries) == 1

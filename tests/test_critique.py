@@ -9,7 +9,7 @@ from dp_textgrad.dp_es.critique import CritiquePipeline, extract_critique
 from dp_textgrad.dp_es.feedback import FeedbackSanitiser, render_confusion
 from dp_textgrad.dp_es.mutation import DEFAULT_WEIGHTS, PROMPT_CLOSE, MutationEngine
 from dp_textgrad.dp_es.population import Candidate
-from dp_textgrad.dp_es.private import Private, PrivateDataError, PublicText
+from dp_textgrad.privacy.data import Private, PrivateDataError, PublicText
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.tasks.base import Example
 from fake_llm import FakeLLM

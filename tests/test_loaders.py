@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example
 from dp_textgrad.tasks.loaders import (
     DATA_ENV_VAR,

@@ -24,7 +24,7 @@ from dp_textgrad.dp_es.mutation import (
     split_sentences,
 )
 from dp_textgrad.dp_es.population import Candidate
-from dp_textgrad.dp_es.private import Private, PrivateDataError, PrivateDataset, PublicText
+from dp_textgrad.privacy.data import Private, PrivateDataError, PrivateDataset, PublicText
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.tasks.base import Example
 from fake_llm import FakeLLM

@@ -9,7 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
-from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.privacy.noise import NoiseSource
 
 
 def test_default_source_is_secure_and_fresh_each_construction():
@@ -101,7 +101,7 @@ def test_secure_gaussian_keeps_shape_and_adds_to_the_values():
 
 
 def test_secure_gaussian_uses_opendp_and_its_map_matches_the_charged_gaussian():
-    from dp_textgrad.dp_es.noise import _opendp_gaussian
+    from dp_textgrad.privacy.noise import _opendp_gaussian
 
     measurement = _opendp_gaussian(4, 3.0)
     # zCDP of the Gaussian mechanism: rho = (sensitivity / sigma)^2 / 2; OpenDP rounds the

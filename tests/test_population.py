@@ -16,7 +16,7 @@ from dp_textgrad.dp_es.population import (
     make_candidate_id,
     normalise_text,
 )
-from dp_textgrad.dp_es.private import Private, PrivateDataError
+from dp_textgrad.privacy.data import Private, PrivateDataError
 
 
 @dataclass

@@ -10,8 +10,8 @@ import pytest
 
 from dp_textgrad import ConfigError, DPEvolutionStrategy
 from dp_textgrad._textgrad import import_textgrad
-from dp_textgrad.dp_es.accountant import PrivacyLedger
-from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.privacy.accounting import PrivacyLedger
+from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.synthetic import make_support_task

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from dp_textgrad import release
-from dp_textgrad.dp_es.accountant import PrivacyLedger
+from dp_textgrad.privacy import release
+from dp_textgrad.privacy.accounting import PrivacyLedger
 from dp_textgrad.engines.base import EngineError
 from tests.twin import LengthTimedEngine, base_rows, differences, long_record, run_twin
 
@@ -60,7 +60,7 @@ def test_every_class_in_the_table_is_known() -> None:
 def test_the_docs_show_the_table_the_code_uses() -> None:
     text = (REPO / "docs" / "privacy.md").read_text(encoding="utf-8")
     shown = text.split("<!-- release-table:start -->\n", 1)[1].split("\n<!-- release-table:end -->", 1)[0]
-    assert shown.strip() == release.channel_table().strip(), "regenerate with `python -m dp_textgrad.release`"
+    assert shown.strip() == release.channel_table().strip(), "regenerate with `python -m dp_textgrad.privacy.release`"
 
 
 @pytest.mark.parametrize("field", ["private_prompt_tokens", "seconds"])
@@ -207,7 +207,7 @@ def test_debug_traceback_shows_no_locals_and_no_private_value(tmp_path, monkeypa
 
 
 def test_private_scoring_errors_carry_no_context() -> None:
-    from dp_textgrad.dp_es.private import PrivateScoringError
+    from dp_textgrad.privacy.data import PrivateScoringError
     from dp_textgrad.dp_es.scorer import DPScorer
 
     def boom():

@@ -114,6 +114,6 @@ def _example(text: str, label: str):
 
 
 def _one(labels):
-    from dp_textgrad.dp_es.private import PrivateDataset
+    from dp_textgrad.privacy.data import PrivateDataset
 
     return PrivateDataset([_example("a film", labels[0])])

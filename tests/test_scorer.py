@@ -13,8 +13,8 @@ from dp_accounting import pld, rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dp_textgrad.dp_es.accountant import BudgetExceeded, PrivacyLedger, RdpAccountant
-from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.privacy.accounting import BudgetExceeded, PrivacyLedger, RdpAccountant
+from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.dp_es.scorer import (
     DPScorer,
     GaussianScoreMechanism,

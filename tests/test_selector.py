@@ -9,8 +9,8 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from dp_textgrad.dp_es.events import GumbelTopKDpEvent, PureDpEvent
-from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent
+from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.dp_es.selector import ExponentialMechanism, GumbelTopK, PermuteAndFlip, top_k, tournament
 
 # -- free selectors --------------------------------------------------------------------

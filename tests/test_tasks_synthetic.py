@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from dp_textgrad.dp_es.private import PrivateDataError, PrivateDataset
+from dp_textgrad.privacy.data import PrivateDataError, PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example
 from dp_textgrad.tasks.synthetic import (
     FIRST_NAMES,

@@ -177,7 +177,7 @@ _FLOAT = re.compile(rb"-?\d+\.\d+")
 
 
 def _mask(channel: str, payload: object) -> object:
-    from dp_textgrad import release
+    from dp_textgrad.privacy import release
 
     if not isinstance(payload, dict):
         return payload

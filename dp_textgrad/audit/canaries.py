@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dp_textgrad import _io
-from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example
 
 SecretKind = Literal["digits", "words", "mixed"]

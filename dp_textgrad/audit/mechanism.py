@@ -12,7 +12,7 @@ subsampling (q < 1) the canary is included with probability q in each run of the
 Each audit returns a :class:`MechanismAuditResult`:
 
 - ``claimed_epsilon``: what the library's own accountants (all five, smallest valid
-  bound, :func:`dp_textgrad.dp_es.accountant.smallest_bound`) say about the
+  bound, :func:`dp_textgrad.privacy.accounting.smallest_bound`) say about the
   mechanism's ``.event(q)`` at ``delta``;
 - ``eps_lb``: a (1 - alpha)-confidence Clopper-Pearson lower bound from
   :mod:`dp_textgrad.audit.bounds`, thresholds never tuned on the evaluated scores
@@ -39,8 +39,8 @@ import dp_accounting
 import numpy as np
 
 from dp_textgrad.audit.bounds import EpsilonLowerBound, eps_lower_bound_from_scores
-from dp_textgrad.dp_es.accountant import smallest_bound
-from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.privacy.accounting import smallest_bound
+from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.dp_es.scorer import GaussianScoreMechanism
 from dp_textgrad.dp_es.selector import ExponentialMechanism, GumbelTopK
 
@@ -371,7 +371,7 @@ def _audit_task(seed_prompt: str, n_background: int, clip_bound: float) -> Any:
     scores 0 for the seed prompt (so the seed trails by C/2 and never wins a tie).
     The canary scores C for the seed prompt and 0 for every other candidate.
     """
-    from dp_textgrad.dp_es.private import PrivateDataset
+    from dp_textgrad.privacy.data import PrivateDataset
     from dp_textgrad.tasks.base import ClassificationTask, Example, RecordOutcomes
 
     @dataclass

@@ -24,16 +24,17 @@ import dp_accounting
 import numpy as np
 from pydantic import ValidationError
 
-from dp_textgrad import _io, release, runs
+from dp_textgrad import _io, runs
+from dp_textgrad.privacy import release
 from dp_textgrad._textgrad import import_textgrad
-from dp_textgrad.dp_es.accountant import BudgetExceeded, PrivacyLedger, calibrate_noise_multiplier, calibrate_pure_epsilon
+from dp_textgrad.privacy.accounting import BudgetExceeded, PrivacyLedger, calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.critique import CritiquePipeline
 from dp_textgrad.dp_es.feedback import FeedbackSanitiser, render_confusion
 from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, MutationEngine
-from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
-from dp_textgrad.dp_es.private import PublicText
+from dp_textgrad.privacy.data import PublicText
 from dp_textgrad.dp_es.scorer import DPScorer, NoisyScores
 from dp_textgrad.dp_es.selector import GumbelTopK
 from dp_textgrad.tasks.base import ClassificationTask
@@ -58,7 +59,7 @@ class GenerationReport:
     """What one generation released: DP statistics, public parameters and public-phase costs.
 
     This is what callbacks and progress displays receive; every field is classified in
-    :mod:`dp_textgrad.release` (channel ``metrics``). Real private-phase usage is in
+    :mod:`dp_textgrad.privacy.release` (channel ``metrics``). Real private-phase usage is in
     :class:`GenerationTelemetry`, which stays with the operator.
     """
 

@@ -29,7 +29,7 @@ from dp_textgrad.dp_es.mutation import (
     oneline,
 )
 from dp_textgrad.dp_es.population import Candidate, normalise_text
-from dp_textgrad.dp_es.private import PrivateDataError, PublicText
+from dp_textgrad.privacy.data import PrivateDataError, PublicText
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine

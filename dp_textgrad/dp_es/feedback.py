@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from dp_textgrad.dp_es.private import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
+from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
 
 Mode = Literal["public", "unsafe"]
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from dp_textgrad.dp_es import phrase_bank
 from dp_textgrad.dp_es.population import Candidate, normalise_text
-from dp_textgrad.dp_es.private import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
+from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
 from dp_textgrad.tasks.base import Example
 
 if TYPE_CHECKING:

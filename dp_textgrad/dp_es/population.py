@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dp_textgrad.dp_es.private import Private, PrivateBatch, PrivateDataError, PrivateDataset
+from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset
 
 ShrinkFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 

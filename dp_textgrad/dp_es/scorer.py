@@ -34,8 +34,8 @@ import dp_accounting
 import numpy as np
 from scipy import optimize
 
-from dp_textgrad.dp_es.noise import NoiseSource
-from dp_textgrad.dp_es.private import PrivateScoringError
+from dp_textgrad.privacy.noise import NoiseSource
+from dp_textgrad.privacy.data import PrivateScoringError
 
 if TYPE_CHECKING:
     from dp_textgrad.dp_es.selector import SelectionMechanism

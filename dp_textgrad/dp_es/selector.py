@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import dp_accounting
 import numpy as np
 
-from dp_textgrad.dp_es.events import GumbelTopKDpEvent, PureDpEvent
-from dp_textgrad.dp_es.noise import NoiseSource
+from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent
+from dp_textgrad.privacy.noise import NoiseSource
 
 # -- validation helpers ---------------------------------------------------------------
 

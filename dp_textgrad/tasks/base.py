@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from dp_textgrad.dp_es.private import PrivateBatch, PrivateDataset
+from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine

@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
 
 FileFormat = Literal["csv", "tsv", "jsonl"]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_textgrad.dp_es.private import PrivateDataset
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
 
 SUPPORT_LABELS: tuple[str, ...] = ("bill", "tech", "cancel", "fraud", "update")

@@ -17,7 +17,7 @@ table does not classify. So a new statistic cannot reach a file without a decisi
 here, and the twin-run test (``tests/test_release_twin.py``) checks the table: flip an
 operator-only field to ``public`` and the test fails.
 
-``docs/privacy.md`` renders this table for readers (``python -m dp_textgrad.release``
+``docs/privacy.md`` renders this table for readers (``python -m dp_textgrad.privacy.release``
 prints it).
 """
 
@@ -169,12 +169,12 @@ def classify(channel: str, name: str) -> str:
     try:
         fields = CHANNELS[channel]
     except KeyError:
-        raise UnclassifiedFieldError(f"release: unknown channel {channel!r}; add it to dp_textgrad.release.CHANNELS") \
+        raise UnclassifiedFieldError(f"release: unknown channel {channel!r}; add it to dp_textgrad.privacy.release.CHANNELS") \
             from None
     if name not in fields and "*" not in fields:
         raise UnclassifiedFieldError(
             f"release: field {name!r} of channel {channel!r} is not classified; add it to "
-            "dp_textgrad.release.CHANNELS as public, dp_output or operator_only"
+            "dp_textgrad.privacy.release.CHANNELS as public, dp_output or operator_only"
         )
     return fields.get(name, fields.get("*", ""))
 

@@ -1,0 +1,185 @@
+"""dp-accounting's own RDP and PLD accountants, taught to read our pure-DP events.
+
+dp-accounting 0.6.0 has no pure-DP or Gumbel top-k event. The subclasses here add them
+(also under Poisson subsampling, by amplification) and otherwise defer to the parent,
+so every event dp-accounting knows keeps its exact treatment.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dp_accounting
+import numpy as np
+from dp_accounting import dp_event as dpe
+from dp_accounting.pld import common as pld_common
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant as _DpaPldAccountant
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+from dp_textgrad.privacy.accounting.events import (
+    GumbelTopKDpEvent,
+    PureDpEvent,
+    _contains_own_event,
+    _effective_noise_multiplier,
+    _pure_epsilon,
+)
+
+NEIGHBOURS = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+_NEIGHBOURS = NEIGHBOURS
+HUGE_EPSILON = 500.0  # beyond this e^eps overflows floats; such bounds are reported as inf
+_HUGE_EPSILON = HUGE_EPSILON
+_CompositionError = dp_accounting.PrivacyAccountant.CompositionErrorDetails
+
+
+# --------------------------------------------------------------------------- RDP curves
+
+
+def pure_dp_rdp(epsilon: float, orders: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Tight RDP of an epsilon-DP mechanism at each order.
+
+    Every epsilon-DP pair of output distributions is a post-processing of binary
+    randomized response with p = e^eps / (1 + e^eps) (Kairouz-Oh-Viswanath 2015,
+    Thm 2.1), and Renyi divergence obeys data processing, so
+    D_a <= log((e^{a eps} + e^{(1-a) eps}) / (1 + e^eps)) / (a - 1).
+    """
+    a = np.asarray(orders, dtype=np.float64)
+    eps = float(epsilon)
+    if eps == 0.0:
+        return np.zeros_like(a)
+    if math.isinf(eps):
+        return np.full_like(a, np.inf)
+    out = np.empty_like(a)
+    at_one = a == 1.0
+    at_inf = np.isinf(a)
+    general = ~(at_one | at_inf)
+    ag = a[general]
+    out[general] = (np.logaddexp(ag * eps, (1.0 - ag) * eps) - np.logaddexp(0.0, eps)) / (ag - 1.0)
+    out[at_one] = eps * math.tanh(eps / 2.0)  # KL divergence, the a -> 1 limit
+    out[at_inf] = eps
+    return np.clip(out, 0.0, eps)  # exact value lies in [0, eps]; clip rounding only
+
+
+def _gumbel_top_k_rdp(epsilon0: float, k: int, orders: np.ndarray) -> np.ndarray:
+    """Minimum of three valid curves for one-shot Gumbel top-k (= k exponential mechanisms).
+
+    k-fold composition of eps0-DP, (k eps0)-DP as a whole, and bounded range:
+    k eps0^2 / 8 zCDP, i.e. rho * a (Cesar-Rogers 2021).
+    """
+    rho = k * epsilon0**2 / 8.0
+    return np.minimum.reduce(
+        [k * pure_dp_rdp(epsilon0, orders), pure_dp_rdp(k * epsilon0, orders), rho * orders]
+    )
+
+
+# --------------------------------------------------------------------------- dp-accounting extensions
+
+
+class _ExtendedRdpAccountant(rdp_lib.RdpAccountant):
+    """dp-accounting's RDP accountant that also reads PureDp / GumbelTopK (also Poisson-sampled)."""
+
+    def __init__(self, orders: Sequence[float]) -> None:
+        super().__init__(orders=list(orders), neighboring_relation=_NEIGHBOURS)
+
+    def _add(self, curve: np.ndarray, count: int) -> None:
+        self._rdp = self._rdp + count * curve
+
+    def _maybe_compose(self, event: dpe.DpEvent, count: int, do_compose: bool):
+        if isinstance(event, PureDpEvent):
+            if do_compose:
+                self._add(pure_dp_rdp(event.epsilon, self._orders), count)
+            return None
+        if isinstance(event, GumbelTopKDpEvent):
+            if do_compose:
+                self._add(_gumbel_top_k_rdp(float(event.epsilon0), int(event.k), self._orders), count)
+            return None
+        if isinstance(event, dpe.PoissonSampledDpEvent) and not _supported_by_dp_accounting(
+            super()._maybe_compose, event
+        ):
+            amplified = _pure_epsilon(event)
+            if amplified is None:
+                return _CompositionError(event, "Poisson-sampled subevent must be Gaussian(s) or pure DP")
+            if do_compose:  # for amplified pure DP only the pure-DP curve of eps' is used
+                self._add(pure_dp_rdp(amplified, self._orders), count)
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+
+class _ExtendedPldAccountant(_DpaPldAccountant):
+    """dp-accounting's PLD accountant that also reads PureDp / GumbelTopK (also Poisson-sampled).
+
+    A pure eps'-DP part becomes ``from_privacy_parameters(eps', 0)`` (the randomized
+    response PLD, which dominates every eps'-DP mechanism), self-composed ``count`` times.
+    """
+
+    def __init__(self, value_discretization_interval: float) -> None:
+        super().__init__(neighboring_relation=_NEIGHBOURS, value_discretization_interval=value_discretization_interval)
+
+    def _compose_pure(self, epsilon: float, count: int) -> None:
+        if epsilon == 0.0:
+            return
+        if epsilon > _HUGE_EPSILON:  # e^eps overflows in dp-accounting; inf is still a valid bound
+            self._contains_non_dp_event = True
+            return
+        params = pld_common.DifferentialPrivacyParameters(epsilon=epsilon, delta=0.0)
+        single = pld_lib.from_privacy_parameters(params, value_discretization_interval=self._value_discretization_interval)
+        self._pld = self._pld.compose(single.self_compose(count) if count > 1 else single)
+
+    def _maybe_compose(self, event: dpe.DpEvent, count: int, do_compose: bool):
+        if isinstance(event, PureDpEvent):
+            if do_compose:
+                self._compose_pure(float(event.epsilon), count)
+            return None
+        if isinstance(event, GumbelTopKDpEvent):
+            # one-shot top-k = k adaptive eps0-DP picks (peeling): k eps0-DP PLDs composed,
+            # which is never looser than one (k eps0)-DP PLD
+            if do_compose:
+                self._compose_pure(float(event.epsilon0), count * int(event.k))
+            return None
+        if isinstance(event, dpe.PoissonSampledDpEvent) and not _supported_by_dp_accounting(
+            super()._maybe_compose, event
+        ):
+            amplified = _pure_epsilon(event)
+            if amplified is not None:
+                if do_compose:
+                    self._compose_pure(amplified, count)
+                return None
+            z_eff = _effective_noise_multiplier(event.event)
+            if z_eff is None:
+                return _CompositionError(event, "Poisson-sampled subevent must be Gaussian(s) or pure DP")
+            if math.isinf(z_eff):
+                return None
+            single = dpe.PoissonSampledDpEvent(event.sampling_probability, dpe.GaussianDpEvent(z_eff))
+            return super()._maybe_compose(single, count, do_compose)
+        return super()._maybe_compose(event, count, do_compose)
+
+
+def _supported_by_dp_accounting(parent_maybe_compose: Callable[..., Any], event: dpe.DpEvent) -> bool:
+    if _contains_own_event(event):
+        return False
+    return parent_maybe_compose(event, 0, False) is None
+
+
+# --------------------------------------------------------------------------- accountants
+
+
+class _DropConvergenceWarnings(logging.Filter):
+    """dp-accounting logs, for each fractional RDP order whose series does not converge,
+    that it excludes that order. Excluding an order keeps the bound valid, so the
+    message is noise to users; everything else from absl still gets through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to converge" not in record.getMessage()
+
+
+class _quiet_absl_convergence:
+    _filter = _DropConvergenceWarnings()
+
+    def __enter__(self) -> None:
+        logging.getLogger("absl").addFilter(self._filter)
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("absl").removeFilter(self._filter)

@@ -1,0 +1,334 @@
+"""The privacy ledger of a run: charge before read, every bound reported, the smallest used.
+
+The ledger is the only writer of its file (``persist_to``): it rewrites the file
+atomically after every charge, before the mechanism reads any data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dp_accounting import dp_event as dpe
+
+from dp_textgrad.privacy import release
+from dp_textgrad.privacy.accounting.accountants import Accountant
+from dp_textgrad.privacy.accounting.bounds import (
+    _accountants_from_configs,
+    _all_bounds,
+    default_accountants,
+)
+from dp_textgrad.privacy.accounting.events import (
+    UnsupportedEventError,
+    _check_delta,
+    _group_events,
+    _validate_event,
+)
+from dp_textgrad.privacy.accounting.serialize import (
+    _decode_float,
+    _encode_float,
+    event_from_dict,
+    event_to_dict,
+)
+
+
+class BudgetExceeded(RuntimeError):
+    """A mechanism would exceed the privacy budget; it was not run and nothing was recorded."""
+
+    def __init__(self, label: str, epsilon: float, budget: float, delta: float) -> None:
+        self.label = label
+        self.epsilon = epsilon
+        self.budget = budget
+        self.delta = delta
+        super().__init__(
+            f"privacy budget exceeded: {label!r} would raise epsilon to {epsilon:.6g} "
+            f"(at delta={delta:g}), over the budget epsilon={budget:.6g}; the mechanism "
+            "was not run and nothing was recorded (give a larger budget, more noise or fewer steps)"
+        )
+
+
+
+
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One charged mechanism. ``epsilons``/``epsilon`` are the totals after this entry."""
+
+    index: int
+    label: str
+    event: dpe.DpEvent
+    event_dict: dict[str, Any]
+    epsilons: dict[str, float]
+    epsilon: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    differentially_private: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "label": self.label,
+            "event": self.event_dict,
+            "epsilons": {k: _encode_float(v) for k, v in self.epsilons.items()},
+            "epsilon": _encode_float(self.epsilon),
+            "metadata": self.metadata,
+            "differentially_private": self.differentially_private,
+            "note": None if self.differentially_private else "NOT differentially private (unsafe mode)",
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LedgerEntry":
+        event_dict = dict(data["event"])
+        return cls(
+            index=int(data["index"]),
+            label=str(data["label"]),
+            event=event_from_dict(event_dict),
+            event_dict=event_dict,
+            epsilons={k: _decode_float(v) for k, v in data["epsilons"].items()},
+            epsilon=_decode_float(data["epsilon"]),
+            metadata=dict(data.get("metadata") or {}),
+            differentially_private=bool(data.get("differentially_private", True)),
+        )
+
+
+_LEDGER_FORMAT = "dp-textgrad-ledger"
+_LEDGER_VERSION = 1
+
+
+class PrivacyLedger:
+    """The privacy budget of one run: charge-before-read, every bound reported, smallest used."""
+
+    def __init__(
+        self,
+        epsilon_budget: float,
+        delta: float,
+        accountants: Sequence[Accountant] | None = None,
+    ) -> None:
+        if (
+            isinstance(epsilon_budget, bool)
+            or not isinstance(epsilon_budget, numbers.Real)
+            or not math.isfinite(epsilon_budget)
+            or epsilon_budget <= 0
+        ):
+            raise ValueError(f"epsilon_budget: must be a finite number > 0, got {epsilon_budget!r}")
+        self.epsilon_budget = float(epsilon_budget)
+        self.delta = _check_delta(delta, allow_zero=False)
+        accountants = default_accountants() if accountants is None else list(accountants)
+        if not accountants:
+            raise ValueError("accountants: give at least one accountant (or None for the defaults)")
+        names = [a.name for a in accountants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"accountants: names must be unique, got {names}")
+        self.accountants: tuple[Accountant, ...] = tuple(accountants)
+        self._entries: list[LedgerEntry] = []
+        self._unsafe_reasons: list[str] = []
+        # What draws the run's noise (set by the optimizer; the header says it, e.g. when insecure).
+        self.noise: str | None = None
+        self._cache_key: tuple | None = None
+        self._cache_value: dict[str, float] | None = None
+        # Where the ledger persists itself after every charge (None: in memory only).
+        self.persist_path: str | None = None
+
+    def persist_to(self, path: str | os.PathLike[str] | None) -> None:
+        """Write the ledger to ``path`` now and again after every charge, before data is read.
+
+        A crash or kill in the middle of a mechanism then never loses its charge, so a
+        resumed run cannot spend the same budget twice.
+        """
+        self.persist_path = None if path is None else os.fspath(path)
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
+
+    # -- read-only views
+    @property
+    def events(self) -> list[dpe.DpEvent]:
+        return [e.event for e in self._entries]
+
+    @property
+    def entries(self) -> list[LedgerEntry]:
+        return list(self._entries)
+
+    @property
+    def unsafe(self) -> bool:
+        return bool(self._unsafe_reasons)
+
+    @property
+    def unsafe_reasons(self) -> list[str]:
+        return list(self._unsafe_reasons)
+
+    # -- bounds
+    def _bounds(self, events: Sequence[dpe.DpEvent]) -> dict[str, float]:
+        # can_afford(e) followed by spend(e) asks the same question: remember the last answer.
+        key = tuple(
+            (f"{type(ev).__module__}.{type(ev).__qualname__}", repr(ev), n) for ev, n in _group_events(events)
+        )
+        if key != self._cache_key or self._cache_value is None:
+            self._cache_value = _all_bounds(self.accountants, events, self.delta)
+            self._cache_key = key
+        return dict(self._cache_value)
+
+    def epsilons(self) -> dict[str, float]:
+        """Every accountant's bound for the recorded events at the ledger's delta."""
+        return self._bounds(self.events)
+
+    def mechanism_epsilon(self) -> float:
+        """Smallest bound of the recorded mechanisms alone (ignores :meth:`mark_unsafe`)."""
+        return min(self.epsilons().values())
+
+    def epsilon(self) -> float:
+        """The smallest valid bound at ``delta``; ``math.inf`` once the run was marked unsafe."""
+        return math.inf if self.unsafe else self.mechanism_epsilon()
+
+    def remaining(self) -> float:
+        """Budget left for mechanisms (on the mechanism bound; see :meth:`mark_unsafe`)."""
+        return max(0.0, self.epsilon_budget - self.mechanism_epsilon())
+
+    def _check_event(self, event: dpe.DpEvent) -> None:
+        _validate_event(event)
+        if not any(a.supports(event) for a in self.accountants):
+            raise UnsupportedEventError(
+                f"event: none of the ledger's accountants ({', '.join(a.name for a in self.accountants)}) "
+                f"can interpret {type(event).__name__}"
+            )
+
+    def bounds_with(self, event: dpe.DpEvent) -> dict[str, float]:
+        """Every bound if ``event`` were spent now (nothing is recorded)."""
+        self._check_event(event)
+        return self._bounds(self.events + [event])
+
+    def can_afford(self, event: dpe.DpEvent) -> bool:
+        """Whether spending ``event`` keeps the smallest bound within the budget."""
+        try:
+            bounds = self.bounds_with(event)
+        except UnsupportedEventError:
+            return False
+        return min(bounds.values()) <= self.epsilon_budget
+
+    def spend(self, event: dpe.DpEvent, label: str, metadata: Mapping[str, Any] | None = None) -> LedgerEntry:
+        """Charge ``event`` BEFORE the mechanism reads any data.
+
+        Raises :class:`BudgetExceeded` (and records nothing) if the smallest valid bound
+        with the event would exceed the budget.
+        """
+        if not isinstance(label, str) or not label:
+            raise ValueError("label: must be a non-empty string naming the mechanism")
+        try:
+            metadata_copy = json.loads(json.dumps(dict(metadata or {}), allow_nan=False))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"metadata: must be JSON-serialisable with finite numbers ({err})") from None
+        event_dict = event_to_dict(event)
+        bounds = self.bounds_with(event)
+        smallest = min(bounds.values())
+        if not smallest <= self.epsilon_budget:
+            raise BudgetExceeded(label, smallest, self.epsilon_budget, self.delta)
+        entry = LedgerEntry(
+            index=len(self._entries),
+            label=label,
+            event=event,
+            event_dict=event_dict,
+            epsilons=bounds,
+            epsilon=math.inf if self.unsafe else smallest,
+            metadata=metadata_copy,
+            differentially_private=not self.unsafe,
+        )
+        self._entries.append(entry)
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
+        return entry
+
+    def mark_unsafe(self, reason: str) -> None:
+        """Void the guarantee (e.g. raw private text reached an LLM in unsafe mode).
+
+        Afterwards :meth:`epsilon` is ``math.inf`` and new entries say they are NOT
+        differentially private. Mechanisms are still charged against the budget on the
+        mechanism bound, so the run keeps its noise schedule.
+        """
+        if not isinstance(reason, str) or not reason:
+            raise ValueError("reason: must be a non-empty string saying why the run is unsafe")
+        self._unsafe_reasons.append(reason)
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
+
+    # -- persistence
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": _LEDGER_FORMAT,
+            "version": _LEDGER_VERSION,
+            "epsilon_budget": self.epsilon_budget,
+            "delta": self.delta,
+            "accountants": [a.config() for a in self.accountants],
+            "unsafe": self.unsafe,
+            "unsafe_reasons": list(self._unsafe_reasons),
+            "differentially_private": not self.unsafe,
+            "noise": self.noise,
+        }
+
+    def declare_noise(self, sampler: str) -> None:
+        """Record what draws the noise (the ledger's header states it, insecure seeds included)."""
+        self.noise = sampler
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
+
+    def to_jsonl(self, path: str | os.PathLike[str]) -> None:
+        """Write header + one line per entry, atomically (temp file, fsync, os.replace)."""
+        path = os.fspath(path)
+        lines = [json.dumps(self._header(), allow_nan=False)]
+        lines += [json.dumps(release.released("ledger_entry", e.to_dict()), allow_nan=False) for e in self._entries]
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".ledger-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write("\n".join(lines) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        try:  # make the rename itself durable where the platform allows it
+            dir_fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(dir_fd)
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike[str]) -> "PrivacyLedger":
+        """Rebuild a ledger (budget, delta, accountants, entries, unsafe marks) from :meth:`to_jsonl`."""
+        with open(path, encoding="utf-8") as handle:
+            records = [json.loads(line) for line in handle if line.strip()]
+        if not records or records[0].get("format") != _LEDGER_FORMAT:
+            raise ValueError(f"path: {os.fspath(path)!r} is not a dp-textgrad ledger file")
+        header = records[0]
+        if header.get("version") != _LEDGER_VERSION:
+            raise ValueError(f"version: unsupported ledger version {header.get('version')!r}")
+        ledger = cls(
+            header["epsilon_budget"],
+            header["delta"],
+            _accountants_from_configs(header["accountants"]),
+        )
+        ledger._unsafe_reasons = list(header.get("unsafe_reasons", []))
+        ledger.noise = header.get("noise")
+        for i, record in enumerate(records[1:]):
+            entry = LedgerEntry.from_dict(record)
+            if entry.index != i:
+                raise ValueError(f"index: ledger entry {i} has index {entry.index}; the file is out of order")
+            ledger._entries.append(entry)
+        return ledger
+
+    def __repr__(self) -> str:
+        return (
+            f"PrivacyLedger(epsilon_budget={self.epsilon_budget}, delta={self.delta}, "
+            f"entries={len(self._entries)}, unsafe={self.unsafe})"
+        )
