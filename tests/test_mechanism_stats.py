@@ -18,8 +18,8 @@ import pytest
 from dp_accounting import pld
 
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.dp_es.scorer import GaussianScoreMechanism
-from dp_textgrad.dp_es.selector import ExponentialMechanism, GumbelTopK, PermuteAndFlip
+from dp_textgrad.privacy.mechanisms import GaussianScoreMechanism
+from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK, PermuteAndFlip
 from helpers import ZeroNoise, epsilon_lower_bound, outcome_counts
 
 ALPHA = 0.05

@@ -15,16 +15,15 @@ from hypothesis import strategies as st
 
 from dp_textgrad.privacy.accounting import BudgetExceeded, PrivacyLedger, RdpAccountant
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.dp_es.scorer import (
-    DPScorer,
+from dp_textgrad.dp_es.scorer import DPScorer, NoisyScores, shrink_estimates
+from dp_textgrad.privacy.mechanisms import (
     GaussianScoreMechanism,
-    NoisyScores,
     clipped_utility_sums,
     confusion_counts,
     effective_noise_multiplier,
-    shrink_estimates,
 )
-from dp_textgrad.dp_es.selector import ExponentialMechanism, GumbelTopK, PermuteAndFlip, top_k, tournament
+from dp_textgrad.dp_es.selector import top_k, tournament
+from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK, PermuteAndFlip
 from dp_textgrad.tasks.base import Example
 from helpers import LABELS, RuleEngine, ZeroNoise, candidates, make_records, make_table_task, make_task
 

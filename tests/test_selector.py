@@ -11,7 +11,8 @@ import pytest
 
 from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.dp_es.selector import ExponentialMechanism, GumbelTopK, PermuteAndFlip, top_k, tournament
+from dp_textgrad.dp_es.selector import top_k, tournament
+from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK, PermuteAndFlip
 
 # -- free selectors --------------------------------------------------------------------
 

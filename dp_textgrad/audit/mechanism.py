@@ -41,8 +41,8 @@ import numpy as np
 from dp_textgrad.audit.bounds import EpsilonLowerBound, eps_lower_bound_from_scores
 from dp_textgrad.privacy.accounting import smallest_bound
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.dp_es.scorer import GaussianScoreMechanism
-from dp_textgrad.dp_es.selector import ExponentialMechanism, GumbelTopK
+from dp_textgrad.privacy.mechanisms import GaussianScoreMechanism
+from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK
 
 # Baseline utility sum of every candidate on D (its value is irrelevant; ties are avoided below).
 _BASELINE = 5.0

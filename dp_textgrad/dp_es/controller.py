@@ -36,7 +36,7 @@ from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.privacy.data import PublicText
 from dp_textgrad.dp_es.scorer import DPScorer, NoisyScores
-from dp_textgrad.dp_es.selector import GumbelTopK
+from dp_textgrad.privacy.mechanisms import GumbelTopK
 from dp_textgrad.tasks.base import ClassificationTask
 
 _tg = import_textgrad()

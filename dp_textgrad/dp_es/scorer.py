@@ -34,6 +34,14 @@ import dp_accounting
 import numpy as np
 from scipy import optimize
 
+from dp_textgrad.privacy.mechanisms import (
+    GaussianScoreMechanism,
+    check_sampling_rate,
+    clipped_utility_sums,
+    confusion_counts,
+    effective_noise_multiplier,
+    positive_finite,
+)
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.privacy.data import PrivateScoringError
 
@@ -54,26 +62,6 @@ class LedgerLike(Protocol):
     def spend(self, event: dp_accounting.DpEvent, label: str, metadata: Mapping[str, Any] | None = None) -> Any: ...
 
 
-# -- validation -----------------------------------------------------------------------
-
-
-def _positive_finite(value: float, field: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{field}: must be a number, got {type(value).__name__}") from None
-    if not math.isfinite(number) or number <= 0.0:
-        raise ValueError(f"{field}: must be a finite number > 0, got {value!r}")
-    return number
-
-
-def _sampling_rate(q: float) -> float:
-    rate = _positive_finite(q, "sampling_rate")
-    if rate > 1.0:
-        raise ValueError(f"sampling_rate: q must be in (0, 1], got {q!r}")
-    return rate
-
-
 def _check_candidates(candidates: Sequence[CandidateLike]) -> list[CandidateLike]:
     candidates = list(candidates)
     if not candidates:
@@ -85,86 +73,6 @@ def _check_candidates(candidates: Sequence[CandidateLike]) -> list[CandidateLike
     if len(set(ids)) != len(ids):
         raise ValueError("candidates: candidate ids must be unique (deduplicate the population first)")
     return candidates
-
-
-# -- pure functions of private data (the only places records meet the maths) ---------
-
-
-def clipped_utility_sums(scores: np.ndarray, clip_bound: float) -> np.ndarray:
-    """Utility sums u_k = sum_i clip(scores[k, i], 0, C), shape (K,) from (K, n).
-
-    Non-finite raw scores count as 0 (nan, -inf) or C (+inf): a nan must never reach
-    a release, where it would reveal that some record broke the scorer.
-    """
-    bound = _positive_finite(clip_bound, "clip_bound")
-    raw = np.asarray(scores, dtype=float)
-    if raw.ndim != 2:
-        raise ValueError(f"scores: expected shape (num_candidates, num_records), got {raw.shape}")
-    clean = np.nan_to_num(raw, nan=0.0, posinf=bound, neginf=0.0)
-    return np.clip(clean, 0.0, bound).sum(axis=1)
-
-
-def confusion_counts(gold: np.ndarray, predicted: np.ndarray, num_labels: int) -> np.ndarray:
-    """Counts[g, p] of records with gold label g predicted as p; one cell per record."""
-    gold = np.asarray(gold, dtype=int).reshape(-1)
-    predicted = np.asarray(predicted, dtype=int).reshape(-1)
-    if gold.shape != predicted.shape:
-        raise ValueError("predicted: must have one entry per record, like gold")
-    if gold.size and (gold.min() < 0 or predicted.min() < 0 or gold.max() >= num_labels
-                      or predicted.max() >= num_labels):
-        raise ValueError(f"gold/predicted: label indices must be in [0, {num_labels})")
-    counts = np.zeros((num_labels, num_labels), dtype=float)
-    np.add.at(counts, (gold, predicted), 1.0)
-    return counts
-
-
-# -- the Gaussian mechanism on score sums ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class GaussianScoreMechanism:
-    """Release all K utility sums with N(0, (z C sqrt(K))^2) noise on each."""
-
-    noise_multiplier: float
-    clip_bound: float
-    num_candidates: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", _positive_finite(self.noise_multiplier, "noise_multiplier"))
-        object.__setattr__(self, "clip_bound", _positive_finite(self.clip_bound, "clip_bound"))
-        if isinstance(self.num_candidates, bool) or not isinstance(self.num_candidates, (int, np.integer)) \
-                or self.num_candidates < 1:
-            raise ValueError(f"num_candidates: must be an int >= 1, got {self.num_candidates!r}")
-
-    @property
-    def l2_sensitivity(self) -> float:
-        return self.clip_bound * math.sqrt(self.num_candidates)
-
-    @property
-    def noise_std(self) -> float:
-        """Standard deviation of the noise on each released sum: z * C * sqrt(K)."""
-        return self.noise_multiplier * self.l2_sensitivity
-
-    def event(self, q: float) -> dp_accounting.DpEvent:
-        gaussian = dp_accounting.GaussianDpEvent(self.noise_multiplier)
-        return dp_accounting.PoissonSampledDpEvent(_sampling_rate(q), gaussian)
-
-    def release(self, sums: np.ndarray, noise: NoiseSource) -> np.ndarray:
-        """Noisy sums; ``sums`` has shape (K,) or (runs, K) (independent noise per row)."""
-        values = np.asarray(sums, dtype=float)
-        if values.ndim not in (1, 2) or values.shape[-1] != self.num_candidates:
-            raise ValueError(f"sums: expected shape ({self.num_candidates},) or (runs, {self.num_candidates}), "
-                             f"got {values.shape}")
-        return noise.add_gaussian(values, self.noise_std)
-
-
-def effective_noise_multiplier(noise_multiplier: float, feedback_noise_multiplier: float | None) -> float:
-    """z_eff with 1/z_eff^2 = 1/z^2 + 1/z_fb^2 (see :meth:`DPScorer.gaussian_event`)."""
-    z = _positive_finite(noise_multiplier, "noise_multiplier")
-    if feedback_noise_multiplier is None:
-        return z
-    z_fb = _positive_finite(feedback_noise_multiplier, "feedback_noise_multiplier")
-    return 1.0 / math.sqrt(1.0 / z**2 + 1.0 / z_fb**2)
 
 
 # -- release and post-processing ------------------------------------------------------
@@ -304,8 +212,8 @@ class DPScorer:
         self.task = task
         self.engine = engine
         self.ledger = ledger
-        self.sampling_rate = _sampling_rate(sampling_rate)
-        self.dataset_size = _positive_finite(dataset_size, "dataset_size")
+        self.sampling_rate = check_sampling_rate(sampling_rate)
+        self.dataset_size = positive_finite(dataset_size, "dataset_size")
         self.noise = noise
         self.sampling_rng = sampling_rng
 
@@ -331,43 +239,10 @@ class DPScorer:
         sqrt(1/z^2 + 1/z_fb^2), i.e. one Gaussian mechanism of multiplier
         z_eff = (1/z^2 + 1/z_fb^2)^(-1/2), sampled once.
         """
-        rate = _sampling_rate(q)
+        rate = check_sampling_rate(q)
         return dp_accounting.PoissonSampledDpEvent(
             rate, dp_accounting.GaussianDpEvent(effective_noise_multiplier(z, feedback_z))
         )
-
-    @staticmethod
-    def plan_generation_event(
-        sampling_rate: float,
-        *,
-        noise_multiplier: float | None = None,
-        feedback_noise_multiplier: float | None = None,
-        selection: "SelectionMechanism | None" = None,
-    ) -> dp_accounting.DpEvent:
-        """The event of one generation: Gaussian scoring and/or one DP selection.
-
-        Each part uses its own fresh subsample, so the parts compose.
-        """
-        parts: list[dp_accounting.DpEvent] = []
-        if noise_multiplier is not None:
-            parts.append(DPScorer.gaussian_event(sampling_rate, noise_multiplier, feedback_noise_multiplier))
-        elif feedback_noise_multiplier is not None:
-            raise ValueError("feedback_noise_multiplier: confusion matrices ride on Gaussian scoring; "
-                             "give noise_multiplier too")
-        if selection is not None:
-            parts.append(selection.event(sampling_rate))
-        if not parts:
-            raise ValueError("plan_generation_event: give noise_multiplier and/or selection")
-        return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
-
-    @staticmethod
-    def plan_run_event(generation_event: dp_accounting.DpEvent, generations: int,
-                       final_event: dp_accounting.DpEvent | None = None) -> dp_accounting.DpEvent:
-        """``generations`` copies of ``generation_event``, then an optional final release."""
-        if isinstance(generations, bool) or not isinstance(generations, (int, np.integer)) or generations < 1:
-            raise ValueError(f"generations: must be an int >= 1, got {generations!r}")
-        run = dp_accounting.SelfComposedDpEvent(generation_event, int(generations))
-        return run if final_event is None else dp_accounting.ComposedDpEvent([run, final_event])
 
     # -- mechanisms (these read private data) ---------------------------------------
     def score_gaussian(
