@@ -2,10 +2,10 @@
 
 For each schedule below and each selection mechanism it uses, the benchmark
 
-1. calibrates the run the way a user's run is calibrated (``RunPlan.from_config``:
+1. calibrates the run the way a user's run is calibrated (``RunPlan.calibrated``:
    noise multiplier z for Gaussian scoring, per-pick epsilon0 for exponential
    top-k selection) to each budget epsilon;
-2. reads that calibrated run's whole-run event (``RunPlan.whole_run_event``) with
+2. reads that calibrated run's whole-run event (``RunPlan.with_value(config, value).event``) with
    every accountant the ledger has -- basic composition, advanced composition
    (Dwork-Rothblum-Vadhan ``drv`` and Kairouz-Oh-Viswanath ``kov``), RDP and PLD --
    and with the ledger's own choice, the smallest of them (``PrivacyLedger.bounds_with``);
@@ -50,7 +50,7 @@ pessimistic copy (PLD grid 1e-3 instead of 1e-4, integer RDP orders) for a start
 then with the accountant itself. The returned parameter always satisfies the target
 under that accountant, and the exact crossing lies within a relative ``--rtol``
 (default 1e-3; 1e-6 for the cheap exponential-selection searches) of it. The library's
-column is ``RunPlan.from_config`` itself.
+column is ``RunPlan.calibrated`` itself.
 
 Output (``--output``, default ``benchmarks/results/accounting.json``)::
 
@@ -110,7 +110,7 @@ from dp_textgrad.privacy.accounting import (  # noqa: E402
     RdpAccountant,
 )
 from dp_textgrad.dp_es.config import DPESConfig  # noqa: E402
-from dp_textgrad.dp_es.controller import RunPlan  # noqa: E402
+from dp_textgrad.dp_es.plan import RunPlan# noqa: E402
 from dp_textgrad._io import atomic_write_text  # noqa: E402
 from dp_textgrad.runs import code_version  # noqa: E402
 
@@ -286,9 +286,7 @@ def run_case(schedule: Schedule, selection: str, budgets: Sequence[float], noise
     coarse = _coarse_accountants()
 
     def event(x: float):
-        if gaussian:
-            return RunPlan.whole_run_event(base, noise_multiplier=x)
-        return RunPlan.whole_run_event(base, selection_epsilon=x)
+        return RunPlan.with_value(base, x).event
 
     def epsilon_of(accountant: Accountant) -> Callable[[float], float]:
         return lambda x: accountant.epsilon([event(x)], delta)
@@ -297,7 +295,7 @@ def run_case(schedule: Schedule, selection: str, budgets: Sequence[float], noise
     side_by_side = []
     for target in targets:
         t0 = time.perf_counter()
-        plan = RunPlan.from_config(DPESConfig(**{**base.model_dump(), "epsilon": target}))
+        plan = RunPlan.calibrated(DPESConfig(**{**base.model_dump(), "epsilon": target}))
         value = plan.noise_multiplier if gaussian else plan.selection_epsilon
         library[target] = float(value)
         bounds = ledger.bounds_with(plan.event)

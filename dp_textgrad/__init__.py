@@ -13,13 +13,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "DPEvolutionStrategy": "dp_textgrad.dp_es.controller",
-    "EvolutionController": "dp_textgrad.dp_es.controller",
-    "RunResult": "dp_textgrad.dp_es.controller",
-    "ConfigError": "dp_textgrad.dp_es.controller",
+    "DPEvolutionStrategy": "dp_textgrad.dp_es.optimizer",
+    "EvolutionController": "dp_textgrad.dp_es.optimizer",
+    "RunResult": "dp_textgrad.dp_es.reports",
+    "ConfigError": "dp_textgrad.dp_es.config",
     "DPESConfig": "dp_textgrad.dp_es.config",
-    "PrivacyLedger": "dp_textgrad.privacy.accounting",
-    "BudgetExceeded": "dp_textgrad.privacy.accounting",
+    "PrivacyLedger": "dp_textgrad.privacy.accounting.ledger",
+    "BudgetExceeded": "dp_textgrad.privacy.accounting.ledger",
     "Private": "dp_textgrad.privacy.data",
     "PrivateDataset": "dp_textgrad.privacy.data",
     "PublicText": "dp_textgrad.privacy.data",

@@ -21,6 +21,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
+from dp_textgrad import runs
 from dp_textgrad.dp_es.config import DPESConfig
 
 # Tracebacks (--debug) never show local variables: they would print raw private records.
@@ -34,7 +35,7 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 # What the CLI saves in a run directory so that `optimize --resume` can rebuild the task and engine.
-CLI_SETTINGS_NAME = "cli_settings.json"
+CLI_SETTINGS_NAME = runs.CLI_SETTINGS_NAME
 
 _state: dict[str, bool] = {"debug": False}
 
@@ -70,7 +71,7 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
 
 
 def _config_from(settings: dict[str, Any]):
-    from dp_textgrad.dp_es.controller import ConfigError, format_validation_error
+    from dp_textgrad.dp_es.config import ConfigError, format_validation_error
 
     try:
         return DPESConfig(**{k: v for k, v in settings.items() if v is not None})
@@ -238,15 +239,22 @@ def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) ->
         current.update(given)
         merged[section] = current
     dp = merged.get("dp")
-    if isinstance(dp, dict) and dp.get("selection") == "exponential" and "feedback" not in dp:
-        # DP feedback rides on the Gaussian scores; exponential selection has none unless asked.
+    if isinstance(dp, dict) and "feedback" not in dp and not _supports_feedback(dp.get("selection", "gaussian")):
+        # DP feedback rides on the Gaussian scores; a charged selection has none unless asked.
         merged["dp"] = {**dp, "feedback": "none"}
     try:
         return OptimizeSettings(**merged)
     except ValidationError as exc:
-        from dp_textgrad.dp_es.controller import ConfigError
+        from dp_textgrad.dp_es.config import ConfigError
 
         raise ConfigError(format_settings_error(exc)) from None
+
+
+def _supports_feedback(selection: Any) -> bool:
+    from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
+
+    strategy = SELECTION_STRATEGIES.get(selection) if isinstance(selection, str) else None
+    return strategy is None or strategy.supports_feedback  # an unknown name fails validation later
 
 
 # -- building the task and the engine ------------------------------------------------------
@@ -342,12 +350,7 @@ def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str
         cfg = optimizer.config
         holder["generations"] = cfg.generations
         holder["epsilon"] = cfg.epsilon
-        if cfg.privacy == "off":
-            mech = "exact scores, no noise (privacy off: NOT differentially private)"
-        elif cfg.selection == "gaussian":
-            mech = f"Gaussian noisy scores, noise multiplier z = {optimizer.noise_multiplier:.3f}"
-        else:
-            mech = f"exponential top-{cfg.parents}, epsilon0 = {optimizer.selection_epsilon:.4f} per selection"
+        mech = optimizer.plan.describe()
         resumed = f" Resuming at generation {optimizer.generation}." if resume else ""
         console.print(
             f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
@@ -429,7 +432,7 @@ def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -
         return action()
     except (KeyboardInterrupt, _StopAfterCheckpoint):
         directory = run_dir()
-        if directory is not None and (directory / "checkpoint.json").exists():
+        if directory is not None and runs.RunDir(directory).checkpoint.exists():
             typer.echo(f"interrupted: checkpoint saved; resume with `dp-textgrad optimize --resume {directory}`",
                        err=True)
         else:
@@ -514,7 +517,7 @@ def optimize(
     population: Optional[int] = typer.Option(None, help="candidates per generation (dp.population)"),
     parents: Optional[int] = typer.Option(None, help="parents per generation (dp.parents)"),
     sampling_rate: Optional[float] = typer.Option(None, help="Poisson sampling rate q (dp.sampling_rate)"),
-    selection: Optional[str] = typer.Option(None, help="gaussian | exponential (dp.selection)"),
+    selection: Optional[str] = typer.Option(None, help="gaussian | exponential | permute_and_flip (dp.selection)"),
     seed: Optional[int] = typer.Option(None, help="seed of non-private choices (dp.seed); never of DP noise"),
     task: Optional[str] = typer.Option(None, help="built-in task: support | sst2 | banking77 (task.name)"),
     train: Optional[Path] = typer.Option(None, help="private training file .csv/.tsv/.jsonl (task.train)"),
@@ -533,7 +536,7 @@ def optimize(
 
     def action():
         from dp_textgrad import runs
-        from dp_textgrad.dp_es.controller import ConfigError
+        from dp_textgrad.dp_es.config import ConfigError
 
         if resume is not None:
             fixed = [f"--{k.replace('_', '-')}" for k in _RESUME_FIXED if given[k] is not None]
@@ -542,16 +545,16 @@ def optimize(
                                   "and schedule of a run are fixed by its checkpoint (only --engine, "
                                   "--base-url, --model may change)")
             directory = resume
-            if not (directory / "checkpoint.json").is_file():
+            if not runs.RunDir(directory).checkpoint.is_file():
                 raise ConfigError(f"resume: no checkpoint.json in {directory}; is this a run directory?")
-            if (directory / "result.json").is_file():
+            if runs.RunDir(directory).result.is_file():
                 raise ConfigError(f"resume: the run in {directory} has finished; rebuild its report with "
                                   "`dp-textgrad report RUN_DIR` or start a new run")
             if not (directory / CLI_SETTINGS_NAME).is_file():
                 raise ConfigError(f"resume: no {CLI_SETTINGS_NAME} in {directory} (the run was not started "
                                   "from the command line); resume it with workflow.run(..., resume=True)")
             saved = runs.read_json(directory / CLI_SETTINGS_NAME)
-            saved["dp"] = runs.read_json(directory / "config.json")["config"]
+            saved["dp"] = runs.read_json(runs.RunDir(directory).config)["config"]
             settings = build_settings(saved, {"engine": engine_flags})
             holder["dir"] = directory
         else:
@@ -588,15 +591,17 @@ def budget(
     population: int = typer.Option(6, help="candidates per generation K"),
     parents: int = typer.Option(2, help="parents per generation k"),
     sampling_rate: float = typer.Option(0.1, help="Poisson sampling rate q"),
-    selection: str = typer.Option("gaussian", help="gaussian | exponential"),
-    feedback: str = typer.Option("dp_confusion", help="dp_confusion | none"),
+    selection: str = typer.Option("gaussian", help="gaussian | exponential | permute_and_flip"),
+    feedback: Optional[str] = typer.Option(None, help="dp_confusion | none (default: dp_confusion where the "
+                                                      "selection supports it)"),
     noise_multiplier: Optional[float] = typer.Option(None, help="given noise: prints epsilon under every accountant"),
-    selection_epsilon: Optional[float] = typer.Option(None, help="given epsilon0 (exponential): prints epsilon"),
+    selection_epsilon: Optional[float] = typer.Option(None, help="given epsilon0 (charged selections): prints "
+                                                                  "epsilon"),
 ) -> None:
     """Calibration calculator: the noise for a budget, or the epsilon of a given noise. Reads no data."""
     try:
         from dp_textgrad.privacy.accounting import default_accountants
-        from dp_textgrad.dp_es.controller import RunPlan
+        from dp_textgrad.dp_es.plan import RunPlan
 
         if (epsilon is None) == (noise_multiplier is None and selection_epsilon is None):
             raise ValueError("give either --epsilon (to calibrate) or --noise-multiplier/--selection-epsilon "
@@ -604,24 +609,26 @@ def budget(
         for name, value in (("noise_multiplier", noise_multiplier), ("selection_epsilon", selection_epsilon)):
             if value is not None and (not math.isfinite(value) or value <= 0):
                 raise ValueError(f"{name}: must be a finite number > 0, got {value}")
-        if selection == "exponential":
-            feedback = "none"
+        if feedback is None:
+            feedback = "dp_confusion" if _supports_feedback(selection) else "none"
         config = _config_from(dict(epsilon=epsilon if epsilon is not None else 1.0, delta=delta,
                                    generations=generations, population=population, parents=parents,
                                    sampling_rate=sampling_rate, selection=selection, feedback=feedback))
-        if epsilon is None:
-            if config.selection == "gaussian" and noise_multiplier is None:
-                raise ValueError("noise_multiplier: selection gaussian is accounted from --noise-multiplier")
-            if config.selection == "exponential" and selection_epsilon is None:
-                raise ValueError("selection_epsilon: selection exponential is accounted from --selection-epsilon")
+        # The strategy says which parameter the budget decides: a noise multiplier or a per-pick epsilon0.
+        parameter = RunPlan(config, None).strategy.calibrates
         if epsilon is not None:
-            plan = RunPlan.from_config(config)
-            z, e0 = plan.noise_multiplier, plan.selection_epsilon
-            what = f"noise multiplier z = {z:.4f}" if z is not None else f"epsilon0 = {e0:.5f} per selection"
+            plan = RunPlan.calibrated(config)
+            what = f"noise multiplier z = {plan.value:.4f}" if parameter == "noise_multiplier" \
+                else f"epsilon0 = {plan.value:.5f} per selection"
             console.print(f"For epsilon = {epsilon}, delta = {delta:g}: {what}")
         else:
-            z, e0 = noise_multiplier, selection_epsilon
-        event = RunPlan.whole_run_event(config, noise_multiplier=z, selection_epsilon=e0)
+            field, value = ("noise_multiplier", noise_multiplier) if parameter == "noise_multiplier" \
+                else ("selection_epsilon", selection_epsilon)
+            if value is None:
+                raise ValueError(f"{field}: selection {config.selection} is accounted from "
+                                 f"--{field.replace('_', '-')}")
+            plan = RunPlan.with_value(config, value)
+        event = plan.event
         console.print("epsilon of the whole run under each accountant:")
         values = {}
         for accountant in default_accountants():

@@ -20,7 +20,7 @@ FEWSHOT_BANNER = ("**WARNING: few-shot positive control: no optimisation; the re
                   "plus raw private records. It is NOT differentially private.**")
 
 
-AUDIT_FILE_NAME = "audit.json"  # written by dp_textgrad.audit.end_to_end
+AUDIT_FILE_NAME = runs.AUDIT_NAME  # written by dp_textgrad.audit.end_to_end
 AUDIT_FORMAT = "dp-textgrad-audit"
 
 
@@ -351,21 +351,22 @@ def _inline(text: str) -> str:
 
 def write_report(run_dir: str | Path) -> Path:
     """(Re)build ``report.md``, ``report.html`` and ``plots/`` from the files of a run directory."""
-    directory = Path(run_dir)
-    result_path = directory / "result.json"
-    if not result_path.exists():
-        raise FileNotFoundError(f"run_dir: no result.json in {directory}; the run has not finished (resume it first)")
-    config = runs.read_json(directory / "config.json") if (directory / "config.json").exists() else {}
-    result = runs.read_json(result_path)
-    metrics = list(_io.read_jsonl(directory / "metrics.jsonl"))
+    layout = runs.RunDir(run_dir)
+    directory = layout.path
+    if not layout.result.exists():
+        raise FileNotFoundError(f"run_dir: no {layout.result.name} in {directory}; the run has not finished "
+                                "(resume it first)")
+    config = runs.read_json(layout.config) if layout.config.exists() else {}
+    result = runs.read_json(layout.result)
+    metrics = list(_io.read_jsonl(layout.metrics))
     audit = read_audit(directory)
     images = _plots(result, metrics, audit)
-    plot_dir = directory / "plots"
+    plot_dir = directory / runs.PLOTS_DIR
     plot_dir.mkdir(exist_ok=True)
     for name, data in images.items():
         (plot_dir / name).write_bytes(data)
-    markdown = build_markdown(directory, config, result, metrics, {n: f"plots/{n}" for n in images}, audit)
-    _io.atomic_write_text(directory / "report.md", markdown)
+    markdown = build_markdown(directory, config, result, metrics, {n: f"{runs.PLOTS_DIR}/{n}" for n in images}, audit)
+    _io.atomic_write_text(directory / runs.REPORT_NAME, markdown)
     html_markdown = build_markdown(directory, config, result, metrics, {n: n for n in images}, audit)
     _io.atomic_write_text(directory / "report.html", _markdown_to_html(html_markdown, images))
-    return directory / "report.md"
+    return directory / runs.REPORT_NAME

@@ -18,7 +18,8 @@ import os
 import platform
 import secrets
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,123 @@ LEDGER_NAME = "ledger.jsonl"
 METRICS_NAME = "metrics.jsonl"
 RESULT_NAME = "result.json"
 PROMPT_NAME = "released_prompt.txt"
+REPORT_NAME = "report.md"
+PLOTS_DIR = "plots"
+AUDIT_NAME = "audit.json"
+CLI_SETTINGS_NAME = "cli_settings.json"
 OPERATOR_DIR = "operator"
 OPERATOR_README = (
     "Operator-only values: derived from private data WITHOUT noise (real usage, tokens and wall time of\n"
     "the private scoring phase; raw engine error text). They are not covered by the run's (epsilon, delta)\n"
     "guarantee. Do not share this folder; reports, result.json, metrics.jsonl and the run log never read it.\n"
 )
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Every path of a run directory, spelled once (the layout the release boundary describes)."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def ledger(self) -> Path:
+        return self.path / LEDGER_NAME
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / CHECKPOINT_NAME
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS_NAME
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG_NAME
+
+    @property
+    def result(self) -> Path:
+        return self.path / RESULT_NAME
+
+    @property
+    def prompt(self) -> Path:
+        return self.path / PROMPT_NAME
+
+    @property
+    def report(self) -> Path:
+        return self.path / REPORT_NAME
+
+    @property
+    def plots(self) -> Path:
+        return self.path / PLOTS_DIR
+
+    @property
+    def audit(self) -> Path:
+        return self.path / AUDIT_NAME
+
+    @property
+    def cli_settings(self) -> Path:
+        return self.path / CLI_SETTINGS_NAME
+
+    @property
+    def operator(self) -> Path:
+        """``operator/``, created with its do-not-share README."""
+        return operator_dir(self.path)
+
+    def read_state(self) -> RunState:
+        if not self.checkpoint.exists():
+            raise FileNotFoundError(f"resume: no {CHECKPOINT_NAME} in {self.path}; is this a run directory?")
+        return RunState.from_dict(read_json(self.checkpoint))
+
+    def write_state(self, state: RunState) -> None:
+        _io.atomic_write_json(self.checkpoint, release.released("checkpoint", state.to_dict()))
+
+
+CHECKPOINT_FORMAT = 2  # 1: the calibrated parameter stored as noise_multiplier / selection_epsilon
+
+
+@dataclass
+class RunState:
+    """What a checkpoint holds: enough to continue a run exactly where it stopped.
+
+    ``plan_value`` is the calibrated parameter, so a resumed run continues with it and
+    never recalibrates. The DP noise generator's state is never saved: it would let a
+    reader subtract the noise.
+    """
+
+    generation: int
+    config: dict[str, Any]
+    plan_value: float | None
+    population: dict[str, Any]
+    public_rng_state: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stopped_because: str | None = None
+    variable_value: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": CHECKPOINT_FORMAT, "generation": self.generation, "config": self.config,
+                "plan_value": self.plan_value, "population": self.population,
+                "public_rng_state": self.public_rng_state, "history": self.history,
+                "stopped_because": self.stopped_because, "variable_value": self.variable_value}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunState:
+        version = data.get("format")
+        if version == 1:  # the parameter had one field per kind; exactly one was set
+            value = data.get("noise_multiplier")
+            value = data.get("selection_epsilon") if value is None else value
+        elif version == CHECKPOINT_FORMAT:
+            value = data.get("plan_value")
+        else:
+            raise ValueError(f"format: unsupported checkpoint format {version!r} (this version reads 1 and "
+                             f"{CHECKPOINT_FORMAT}); upgrade dp-textgrad")
+        return cls(generation=int(data["generation"]), config=dict(data["config"]),
+                   plan_value=None if value is None else float(value), population=dict(data["population"]),
+                   public_rng_state=dict(data["public_rng_state"]), history=list(data.get("history", [])),
+                   stopped_because=data.get("stopped_because"), variable_value=data.get("variable_value"))
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "run") -> Path:

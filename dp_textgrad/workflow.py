@@ -16,7 +16,8 @@ import numpy as np
 from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es.config import DPESConfig
-from dp_textgrad.dp_es.controller import DPEvolutionStrategy, GenerationReport, RunResult
+from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
+from dp_textgrad.dp_es.reports import GenerationReport, RunResult
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.tasks.base import ClassificationTask
 

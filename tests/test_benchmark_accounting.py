@@ -122,7 +122,7 @@ def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
     # Recompute the cheap exponential column independently with the library's accountants.
     from dp_textgrad.privacy.accounting import default_accountants
     from dp_textgrad.dp_es.config import DPESConfig
-    from dp_textgrad.dp_es.controller import RunPlan
+    from dp_textgrad.dp_es.plan import RunPlan
 
     case = cases["exponential"]
     config = DPESConfig(**{k: v for k, v in case["config"].items()
@@ -130,12 +130,12 @@ def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
     fresh = {a.name: a for a in default_accountants()}
     for row in case["noise"]:
         for name in accountants:
-            event = RunPlan.whole_run_event(config, selection_epsilon=row["parameters"][name])
-            assert fresh[name].epsilon([event], config.delta) == pytest.approx(row["epsilon_reached"][name], rel=1e-9)
+            event = RunPlan.with_value(config, row["parameters"][name]).event
+            assert fresh[name].epsilon([event], config.delta).event == pytest.approx(row["epsilon_reached"][name], rel=1e-9)
         # epsilon is monotone in the parameter: 1% more epsilon0 costs more under every accountant
         for name in accountants:
-            more = RunPlan.whole_run_event(config, selection_epsilon=row["parameters"][name] * 1.01)
-            assert fresh[name].epsilon([more], config.delta) > row["epsilon_reached"][name]
+            more = RunPlan.with_value(config, row["parameters"][name] * 1.01).event
+            assert fresh[name].epsilon([more], config.delta).event > row["epsilon_reached"][name]
 
     summary = result["summary"]
     rows = [r for c in result["cases"] for r in c["side_by_side"] if r["in_schedule"]]

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from dp_textgrad import cli, workflow
 from dp_textgrad.privacy.accounting import PrivacyLedger, default_accountants
 from dp_textgrad.dp_es.config import DPESConfig
-from dp_textgrad.dp_es.controller import RunPlan
+from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.synthetic import SUPPORT_LABELS, make_support_task
@@ -86,7 +86,7 @@ def test_budget_calibrates_the_noise_of_the_run(finished_run) -> None:
     result = runner.invoke(cli.app, ["budget", "--epsilon", "4", "--delta", "1e-5", *SCHEDULE_FLAGS])
     assert result.exit_code == 0, result.output
     z = float(re.search(r"noise multiplier z = ([0-9.]+)", result.output).group(1))
-    # The run built by workflow.run calibrated the same schedule through RunPlan.from_config.
+    # The run built by workflow.run calibrated the same schedule through RunPlan.calibrated.
     saved = json.loads((finished_run / "config.json").read_text())
     assert saved["config"]["delta"] == pytest.approx(1e-5)
     assert z == pytest.approx(saved["noise_multiplier"], abs=1e-4)
@@ -100,7 +100,7 @@ def test_budget_accounts_a_given_noise_under_every_accountant() -> None:
     result = runner.invoke(cli.app, ["budget", "--noise-multiplier", "1.5", "--delta", "1e-5", *SCHEDULE_FLAGS])
     assert result.exit_code == 0, result.output
     config = DPESConfig(**SCHEDULE, delta=1e-5)
-    event = RunPlan.whole_run_event(config, noise_multiplier=1.5)
+    event = RunPlan.with_value(config, 1.5).event
     expected = {a.name: a.epsilon([event], 1e-5) for a in default_accountants()}
     printed = printed_epsilons(result.output)
     for name, value in expected.items():

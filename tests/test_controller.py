@@ -16,8 +16,8 @@ from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.privacy.accounting import default_accountants
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.privacy.data import PrivateScoringError
-from dp_textgrad.dp_es.controller import RunPlan
-from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent
+from dp_textgrad.dp_es.plan import RunPlan
+from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent, _group_events
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.base import ClassificationTask, Example
@@ -88,9 +88,17 @@ def test_full_run_stays_within_budget_and_updates_variable(task) -> None:
     assert not result.unsafe and result.lineage
 
 
-def test_ledger_equals_the_planned_event(task) -> None:
-    opt, _ = make_opt(task)
+@pytest.mark.parametrize("settings", [
+    {},
+    {"feedback": "none", "final_selection": "permute_and_flip", "final_epsilon": 0.2},
+    {"selection": "exponential", "feedback": "none", "final_selection": "exponential", "final_epsilon": 0.2},
+    {"selection": "permute_and_flip", "feedback": "none"},
+], ids=["gaussian+feedback", "gaussian+final-pf", "exponential", "permute-and-flip"])
+def test_ledger_equals_the_planned_event(task, settings) -> None:
+    opt, _ = make_opt(task, **settings)
     opt.run()
+    # Same atoms with the same counts, not just the same epsilon: the plan is what ran.
+    assert _group_events(opt.ledger.events) == _group_events([opt.plan.event])
     planned = opt.plan.event
     delta = opt.config.delta
     for accountant in default_accountants():
@@ -99,10 +107,11 @@ def test_ledger_equals_the_planned_event(task) -> None:
 
 
 def test_calibration_fits_budget_for_both_selections(task) -> None:
-    for selection, feedback in (("gaussian", "dp_confusion"), ("gaussian", "none"), ("exponential", "none")):
+    for selection, feedback in (("gaussian", "dp_confusion"), ("gaussian", "none"), ("exponential", "none"),
+                                ("permute_and_flip", "none")):
         config = DPESConfig(epsilon=2.0, delta=1e-5, generations=4, population=5, parents=2,
                             sampling_rate=0.2, selection=selection, feedback=feedback)
-        plan = RunPlan.from_config(config)
+        plan = RunPlan.calibrated(config)
         spent = min(a.epsilon([plan.event], 1e-5) for a in default_accountants())
         assert spent <= 2.0 + 1e-9
         assert spent > 1.9
@@ -114,6 +123,17 @@ def test_exponential_selection_charges_gumbel_events(task) -> None:
     assert result.generations_run == 3
     inner = [e.event for e in opt.ledger.events]
     assert all(isinstance(e, GumbelTopKDpEvent) and e.k == 2 for e in inner)
+    assert opt.ledger.epsilon() <= 3.0 + 1e-9
+    assert prompt.value == result.prompt
+
+
+def test_permute_and_flip_is_selectable_and_charges_pure_events(task) -> None:
+    opt, prompt = make_opt(task, selection="permute_and_flip", feedback="none")
+    result = opt.run()
+    assert result.generations_run == 3
+    inner = [e.event for e in opt.ledger.events]  # k = 2 peeled picks on one subsample each generation
+    assert all(e == dp_accounting.ComposedDpEvent([PureDpEvent(opt.selection_epsilon)] * 2) for e in inner)
+    assert all(entry.metadata["mechanism"] == "permute_and_flip" for entry in opt.ledger.entries)
     assert opt.ledger.epsilon() <= 3.0 + 1e-9
     assert prompt.value == result.prompt
 
@@ -164,6 +184,37 @@ def test_checkpoint_and_resume_keep_the_ledger(task, tmp_path: Path) -> None:
     assert resumed.ledger.epsilon() <= 3.0 + 1e-9
     lines = (tmp_path / "ledger.jsonl").read_text().strip().splitlines()
     assert len(lines) >= 4
+
+
+def test_resume_reads_the_plan_back_and_never_recalibrates(task, tmp_path: Path, monkeypatch) -> None:
+    opt, _ = make_opt(task, tmp_path, generations=3)
+    opt.step()
+    from dp_textgrad.dp_es import plan as plan_module
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("resume recalibrated")
+
+    monkeypatch.setattr(plan_module, "_calibrated_value", no_calibration)
+    prompt = tg.Variable("anything", role_description="instruction", requires_grad=True)
+    resumed = DPEvolutionStrategy.resume(tmp_path, [prompt], task=task, engine=make_engine())
+    assert resumed.plan == opt.plan and resumed.noise_multiplier == opt.noise_multiplier
+    assert resumed.run().generations_run == 3
+
+
+def test_resume_reads_a_format_1_checkpoint(task, tmp_path: Path) -> None:
+    opt, _ = make_opt(task, tmp_path, generations=3)
+    opt.step()
+    state = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert state["format"] == 2
+    old = {k: v for k, v in state.items() if k != "plan_value"}
+    old.update(format=1, noise_multiplier=state["plan_value"], selection_epsilon=None)
+    (tmp_path / "checkpoint.json").write_text(json.dumps(old))
+    prompt = tg.Variable("anything", role_description="instruction", requires_grad=True)
+    resumed = DPEvolutionStrategy.resume(tmp_path, [prompt], task=task, engine=make_engine())
+    assert resumed.plan.value == opt.plan.value and resumed.generation == 1
+    (tmp_path / "checkpoint.json").write_text(json.dumps({**state, "format": 99}))
+    with pytest.raises(ConfigError, match="format: unsupported checkpoint format 99"):
+        DPEvolutionStrategy.resume(tmp_path, [prompt], task=task, engine=make_engine())
 
 
 def test_nothing_private_is_saved(task, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dp_textgrad.dp_es.feedback import FeedbackSanitiser, render_confusion, scrub_pii, truncate_text
+from dp_textgrad.dp_es.mutation import FeedbackSanitiser, render_confusion, scrub_pii, truncate_text
 from dp_textgrad.privacy.data import Private, PrivateDataError, PrivateDataset, PublicText
 
 LABELS = ["billing", "refund", "technical"]

@@ -11,7 +11,7 @@ import pytest
 
 from dp_textgrad.dp_es.population import (
     Candidate,
-    Evaluation,
+    ScoreEstimate,
     PopulationManager,
     make_candidate_id,
     normalise_text,
@@ -38,7 +38,7 @@ def cand(text: str, generation: int = 1, parents: tuple[str, ...] = (), op: str 
 def test_pooled_estimate_is_inverse_variance_weighted():
     c = cand("Classify the message.")
     assert c.mean_estimate is None and c.estimate_std is None
-    c.evaluations += [Evaluation(1, 0.5, 0.1), Evaluation(2, 0.7, 0.2)]
+    c.evaluations += [ScoreEstimate(1, 0.5, 0.1), ScoreEstimate(2, 0.7, 0.2)]
     # weights 100 and 25
     assert c.mean_estimate == pytest.approx((100 * 0.5 + 25 * 0.7) / 125)
     assert c.estimate_std == pytest.approx(1 / math.sqrt(125))
@@ -46,16 +46,16 @@ def test_pooled_estimate_is_inverse_variance_weighted():
 
 def test_noiseless_evaluations_dominate():
     c = cand("Classify the message.")
-    c.evaluations += [Evaluation(1, 0.2, 0.5), Evaluation(2, 0.9, 0.0), Evaluation(3, 0.7, 0.0)]
+    c.evaluations += [ScoreEstimate(1, 0.2, 0.5), ScoreEstimate(2, 0.9, 0.0), ScoreEstimate(3, 0.7, 0.0)]
     assert c.mean_estimate == pytest.approx(0.8)
     assert c.estimate_std == 0.0
 
 
 def test_evaluation_rejects_non_finite_values():
     with pytest.raises(ValueError, match="estimate"):
-        Evaluation(0, float("nan"), 0.1)
+        ScoreEstimate(0, float("nan"), 0.1)
     with pytest.raises(ValueError, match="noise_std"):
-        Evaluation(0, 0.5, -1.0)
+        ScoreEstimate(0, 0.5, -1.0)
 
 
 def test_candidate_refuses_private_text():
@@ -120,7 +120,7 @@ def test_record_and_best_use_shrunk_estimates():
     assert shrunk[ids[1]] == pytest.approx(0.90 - 10 * 0.09)
     best = pm.best(4)
     assert [c.id for c in best] == [ids[2], ids[0], ids[3], ids[1]]
-    assert pm.get(ids[1]).evaluations == [Evaluation(0, 0.9, 0.3)]
+    assert pm.get(ids[1]).evaluations == [ScoreEstimate(0, 0.9, 0.3)]
 
 
 def test_record_validates_ids_and_lengths():
@@ -239,14 +239,14 @@ def test_operator_meta_must_be_jsonable():
         c.to_dict()
 
 
-def test_default_shrink_is_the_scorer_function():
-    scorer = pytest.importorskip("dp_textgrad.dp_es.scorer")
+def test_default_shrink_is_empirical_bayes():
+    from dp_textgrad.dp_es import estimates
     pm = PopulationManager(size=4, elites=1)
     pm.initialise("Seed.", [cand(t, 0) for t in ("A.", "B.", "C.")])
     ids = [c.id for c in pm.candidates]
     means = np.array([0.2, 0.8, 0.5, 0.4])
     pm.record(FakeNoisyScores(ids, means, 0.1), 0)
-    expected = scorer.shrink_estimates(means, np.full(4, 0.01))
+    expected = estimates.shrink_estimates(means, np.full(4, 0.01))
     got = pm.shrunk_estimates()
     assert [got[i] for i in ids] == pytest.approx(list(expected))
 

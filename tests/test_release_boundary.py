@@ -233,7 +233,7 @@ def test_loader_prints_no_statistics_of_the_private_file(tmp_path, recwarn) -> N
 
 
 def test_callbacks_and_results_carry_only_released_fields() -> None:
-    from dp_textgrad.dp_es.controller import GenerationReport, GenerationTelemetry, RunResult
+    from dp_textgrad.dp_es.reports import GenerationReport, GenerationTelemetry, RunResult
 
     for name in GenerationReport.__dataclass_fields__:
         assert release.classify("metrics", name) != release.OPERATOR_ONLY, name

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from dp_textgrad.privacy.accounting import BudgetExceeded, PrivacyLedger, RdpAccountant
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.dp_es.scorer import DPScorer, NoisyScores, shrink_estimates
+from dp_textgrad.dp_es.estimates import ReleasedScores, shrink_estimates
+from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.privacy.mechanisms import (
     GaussianScoreMechanism,
     clipped_utility_sums,
@@ -26,6 +27,13 @@ from dp_textgrad.dp_es.selector import top_k, tournament
 from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK, PermuteAndFlip
 from dp_textgrad.tasks.base import Example
 from helpers import LABELS, RuleEngine, ZeroNoise, candidates, make_records, make_table_task, make_task
+
+def score_gaussian(scorer, cands, z, label, feedback_candidates=(), feedback_noise_multiplier=None):
+    """Score with the Gaussian mechanism the plan would hold for these candidates."""
+    z_fb = feedback_noise_multiplier if feedback_candidates else None
+    mechanism = GaussianScoreMechanism(z, scorer.clip_bound, max(1, len(cands)), z_fb)
+    return scorer.score(cands, mechanism, label, feedback_candidates=feedback_candidates)
+
 
 PROMPTS = ("Classify the ticket.", "Say billing.", "Mention shipping and account words.")
 
@@ -122,7 +130,7 @@ def test_scorer_level_neighbours_with_out_of_range_raw_scores():
     for dataset in (records, records + [extra]):
         task = make_table_task(dataset, raw, clip_bound=2.0)
         scorer, *_ = make_scorer(task, noise=ZeroNoise())
-        outputs.append(scorer.score_gaussian(candidates(*PROMPTS), 1.0, "scores", feedback_candidates=[0, 2],
+        outputs.append(score_gaussian(scorer, candidates(*PROMPTS), 1.0, "scores", feedback_candidates=[0, 2],
                                              feedback_noise_multiplier=2.0))
     small, large = outputs
     change = large.noisy_sums - small.noisy_sums
@@ -156,8 +164,8 @@ def test_scorer_noise_and_estimates_use_public_q_n():
     cands = candidates(*PROMPTS)
     residuals, sizes = [], []
     for i in range(150):
-        noisy = scorer.score_gaussian(cands, 0.8, f"round {i}")
-        clean = exact.score_gaussian(cands, 0.8, f"round {i}")
+        noisy = score_gaussian(scorer, cands, 0.8, f"round {i}")
+        clean = score_gaussian(exact, cands, 0.8, f"round {i}")
         residuals.append(noisy.noisy_sums - clean.noisy_sums)
         np.testing.assert_allclose(noisy.estimates, noisy.noisy_sums / 20.0)  # q*N = 0.5*40, never |B|
         sizes.append(engine.records_scored)
@@ -175,9 +183,9 @@ def test_confusion_noise_std_is_z_fb_sqrt_m():
     noisy_scorer, *_ = make_scorer(task, noise=NoiseSource(insecure_seed=2), tally=True)
     clean_scorer, *_ = make_scorer(task, noise=ZeroNoise(), tally=True)
     cands = candidates(*PROMPTS)
-    clean = clean_scorer.score_gaussian(cands, 1.0, "clean", [0, 1, 2], 1.5)
+    clean = score_gaussian(clean_scorer, cands, 1.0, "clean", [0, 1, 2], 1.5)
     assert clean.confusion.sum() == 3 * 20  # q = 1: every record once per matrix
-    residuals = [noisy_scorer.score_gaussian(cands, 1.0, f"r{i}", [0, 1, 2], 1.5).confusion - clean.confusion
+    residuals = [score_gaussian(noisy_scorer, cands, 1.0, f"r{i}", [0, 1, 2], 1.5).confusion - clean.confusion
                  for i in range(60)]
     assert abs(np.std(residuals) / (1.5 * math.sqrt(3)) - 1) < 0.06
     assert clean.confusion_candidate_ids == ["c0", "c1", "c2"]
@@ -207,44 +215,30 @@ def test_scores_plus_confusion_is_one_gaussian_of_z_eff(z, z_fb):
     p_scores = pld.PLDAccountant(value_discretization_interval=1e-3)
     p_scores.compose(dp_accounting.GaussianDpEvent(z))
     assert p_scores.get_epsilon(1e-5) < 0.97 * eps_both
-    event = DPScorer.gaussian_event(0.1, z, z_fb)
+    event = GaussianScoreMechanism(z, 1.0, 3, z_fb).event(0.1)
     assert event == dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z_eff))
-    assert DPScorer.gaussian_event(0.1, z) == dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z))
+    assert GaussianScoreMechanism(z, 1.0, 3).event(0.1) == dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z))
 
 
-def test_plan_helpers_compose_the_generation():
-    selection = GumbelTopK(0.5, 2)
-    generation = DPScorer.plan_generation_event(0.2, noise_multiplier=1.0, feedback_noise_multiplier=3.0,
-                                                selection=selection)
-    assert generation == dp_accounting.ComposedDpEvent([DPScorer.gaussian_event(0.2, 1.0, 3.0), selection.event(0.2)])
-    assert DPScorer.plan_generation_event(0.2, selection=selection) == selection.event(0.2)
-    run = DPScorer.plan_run_event(generation, 5, final_event=selection.event(0.2))
-    repeated = dp_accounting.SelfComposedDpEvent(generation, 5)
-    assert run == dp_accounting.ComposedDpEvent([repeated, selection.event(0.2)])
-    with pytest.raises(ValueError, match="noise_multiplier and/or selection"):
-        DPScorer.plan_generation_event(0.2)
-    with pytest.raises(ValueError, match="feedback_noise_multiplier"):
-        DPScorer.plan_generation_event(0.2, feedback_noise_multiplier=1.0)
-    with pytest.raises(ValueError, match="generations"):
-        DPScorer.plan_run_event(generation, 0)
+def test_gaussian_event_validates_its_parameters():
     with pytest.raises(ValueError, match="noise_multiplier: must be a finite number > 0"):
-        DPScorer.gaussian_event(0.2, 0.0)
+        GaussianScoreMechanism(0.0, 1.0, 2)
     with pytest.raises(ValueError, match="sampling_rate"):
-        DPScorer.gaussian_event(1.5, 1.0)
+        GaussianScoreMechanism(1.0, 1.0, 2).event(1.5)
 
 
 # -- charge before read -------------------------------------------------------------------
 
 
-def test_score_gaussian_charges_the_planned_event_before_reading():
+def test_score_charges_the_planned_event_before_reading():
     scorer, ledger, engine, rng = make_scorer(q=0.4)
     start_state = dict(rng.bit_generator.state)
-    noisy = scorer.score_gaussian(candidates(*PROMPTS), 1.2, "generation 0", [1], 4.0)
+    noisy = score_gaussian(scorer, candidates(*PROMPTS), 1.2, "generation 0", [1], 4.0)
     [(calls_at_charge, rng_at_charge)] = ledger.seen
     assert calls_at_charge == 0 and rng_at_charge == start_state  # nothing read, no subsample drawn yet
     assert engine.score_calls == 3
     [entry] = ledger.entries
-    assert entry.event == DPScorer.gaussian_event(0.4, 1.2, 4.0) and entry.label == "generation 0"
+    assert entry.event == GaussianScoreMechanism(1.2, 1.0, 3, 4.0).event(0.4) and entry.label == "generation 0"
     assert entry.metadata["candidate_ids"] == ["c0", "c1", "c2"]
     assert noisy.candidate_ids == ["c0", "c1", "c2"]
 
@@ -253,22 +247,22 @@ def test_budget_refusal_reads_nothing():
     scorer, ledger, engine, rng = make_scorer(budget=0.05, q=0.5)
     start_state = dict(rng.bit_generator.state)
     with pytest.raises(BudgetExceeded):
-        scorer.score_gaussian(candidates(*PROMPTS), 1.0, "too expensive")
+        score_gaussian(scorer, candidates(*PROMPTS), 1.0, "too expensive")
     with pytest.raises(BudgetExceeded):
-        scorer.select_private(candidates(*PROMPTS), GumbelTopK(5.0, 2), "too expensive")
+        scorer.select(candidates(*PROMPTS), GumbelTopK(5.0, 2), "too expensive")
     assert engine.score_calls == 0 and engine.records_scored == 0
     assert rng.bit_generator.state == start_state  # not even the subsample was drawn
     assert ledger.entries == []
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda s, c: s.score_gaussian([], 1.0, "x"), "candidates: give at least one"),
-    (lambda s, c: s.score_gaussian(c + c[:1], 1.0, "x"), "ids must be unique"),
-    (lambda s, c: s.score_gaussian(c, 1.0, "x", [1]), "feedback_noise_multiplier: required"),
-    (lambda s, c: s.score_gaussian(c, 1.0, "x", [5], 1.0), "feedback_candidates: index 5"),
-    (lambda s, c: s.score_gaussian(c, math.nan, "x"), "noise_multiplier: must be a finite number > 0"),
-    (lambda s, c: s.select_private(c, GumbelTopK(1.0, 4), "x"), "mechanism.k"),
-    (lambda s, c: s.select_private(c, GumbelTopK(1.0, 1, sensitivity=0.5), "x"), "mechanism.sensitivity"),
+    (lambda s, c: score_gaussian(s, [], 1.0, "x"), "candidates: give at least one"),
+    (lambda s, c: score_gaussian(s, c + c[:1], 1.0, "x"), "ids must be unique"),
+    (lambda s, c: score_gaussian(s, c, 1.0, "x", [1]), "feedback_candidates: give them exactly"),
+    (lambda s, c: score_gaussian(s, c, 1.0, "x", [5], 1.0), "feedback_candidates: index 5"),
+    (lambda s, c: score_gaussian(s, c, math.nan, "x"), "noise_multiplier: must be a finite number > 0"),
+    (lambda s, c: s.select(c, GumbelTopK(1.0, 4), "x"), "mechanism.k"),
+    (lambda s, c: s.select(c, GumbelTopK(1.0, 1, sensitivity=0.5), "x"), "mechanism.sensitivity"),
 ])
 def test_bad_arguments_fail_before_any_charge(call, match):
     scorer, ledger, engine, _ = make_scorer()
@@ -309,7 +303,7 @@ def test_select_private_charges_first_and_finds_the_best(mechanism):
     engine = RuleEngine(_favour_candidate_one)
     scorer, ledger, engine, rng = make_scorer(task, engine=engine, q=1.0)
     cands = candidates("plain prompt", "expert prompt", "another plain")
-    chosen = scorer.select_private(cands, mechanism, "parents")
+    chosen = scorer.select(cands, mechanism, "parents")
     assert chosen[0] == 1 and len(chosen) == mechanism.k and all(type(i) is int for i in chosen)
     [(calls_at_charge, _)] = ledger.seen
     assert calls_at_charge == 0
@@ -318,19 +312,19 @@ def test_select_private_charges_first_and_finds_the_best(mechanism):
 
 def test_free_selection_and_shrinkage_never_touch_the_ledger():
     scorer, ledger, engine, _ = make_scorer(q=0.5)
-    noisy = scorer.score_gaussian(candidates(*PROMPTS, "Fourth prompt."), 1.0, "gen 0")
+    noisy = score_gaussian(scorer, candidates(*PROMPTS, "Fourth prompt."), 1.0, "gen 0")
     before = (len(ledger.entries), ledger.epsilon(), engine.score_calls)
     shrunk = shrink_estimates(noisy.estimates, noisy.noise_std_estimate**2)
     top_k(shrunk, 2)
     tournament(noisy.estimates, 2, size=2, rng=np.random.default_rng(0))
-    NoisyScores.from_dict(json.loads(json.dumps(noisy.to_dict())))
+    ReleasedScores.from_dict(json.loads(json.dumps(noisy.to_dict())))
     assert (len(ledger.entries), ledger.epsilon(), engine.score_calls) == before
 
 
 def test_noisy_scores_round_trip():
     scorer, *_ = make_scorer()
-    noisy = scorer.score_gaussian(candidates(*PROMPTS), 1.0, "gen", [0], 2.0)
-    again = NoisyScores.from_dict(json.loads(json.dumps(noisy.to_dict())))
+    noisy = score_gaussian(scorer, candidates(*PROMPTS), 1.0, "gen", [0], 2.0)
+    again = ReleasedScores.from_dict(json.loads(json.dumps(noisy.to_dict())))
     np.testing.assert_array_equal(again.noisy_sums, noisy.noisy_sums)
     np.testing.assert_array_equal(again.confusion, noisy.confusion)
     assert again.candidate_ids == noisy.candidate_ids and again.noise_std_sum == noisy.noise_std_sum
@@ -384,5 +378,5 @@ def test_budget_refusal_with_the_default_accountants():
     ledger = PrivacyLedger(0.05, 1e-5)  # RDP, PLD, advanced and basic composition
     scorer = DPScorer(task, engine, ledger, sampling_rate=0.5, dataset_size=10, noise=NoiseSource())
     with pytest.raises(BudgetExceeded):
-        scorer.score_gaussian(candidates(*PROMPTS), 2.0, "too expensive")
+        score_gaussian(scorer, candidates(*PROMPTS), 2.0, "too expensive")
     assert engine.score_calls == 0 and ledger.entries == []

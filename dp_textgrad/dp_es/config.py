@@ -6,16 +6,30 @@ import math
 import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-SelectionKind = Literal["gaussian", "exponential"]
+SelectionKind = Literal["gaussian", "exponential", "permute_and_flip"]
 FeedbackKind = Literal["none", "dp_confusion"]
 FeedbackMode = Literal["public", "unsafe"]
-FinalSelection = Literal["last", "exponential"]
+FinalSelection = Literal["last", "exponential", "permute_and_flip"]
 PrivacyKind = Literal["dp", "off"]
 LongRecords = Literal["truncate", "reject"]
 
 DEFAULT_EXPECTED_BATCH = 150
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid. The message names the field and the fix."""
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """One line per problem: ``field: message``."""
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(x) for x in item.get("loc", ())) or "config"
+        message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
 
 
 class DPESConfig(BaseModel):
@@ -35,8 +49,11 @@ class DPESConfig(BaseModel):
     parents: int = Field(2, ge=1, description="parents kept per generation k")
     elites: int = Field(1, ge=0, description="best candidates carried to the next generation unchanged")
     sampling_rate: float | None = Field(None, description="Poisson sampling rate q in (0, 1]")
-    selection: SelectionKind = Field("gaussian", description="gaussian noisy scores, or exponential top-k")
-    final_selection: FinalSelection = Field("last", description="'last': free; 'exponential': charged, fresh subsample")
+    selection: SelectionKind = Field(
+        "gaussian", description="gaussian: noisy scores, top-k of the estimates (free); exponential: Gumbel "
+                                "top-k; permute_and_flip: k permute-and-flip picks (both release indices only)")
+    final_selection: FinalSelection = Field(
+        "last", description="'last': free; 'exponential' or 'permute_and_flip': charged, on a fresh subsample")
     final_epsilon: float = Field(0.5, gt=0, description="epsilon0 of the charged final selection")
     feedback: FeedbackKind = Field("dp_confusion", description="DP aggregate feedback for critiques")
     feedback_noise_ratio: float = Field(3.0, gt=0, description="feedback noise multiplier / score noise multiplier")
@@ -98,14 +115,16 @@ class DPESConfig(BaseModel):
             )
         if self.elites > self.parents:
             raise ValueError(f"elites ({self.elites}) must not exceed parents ({self.parents})")
-        if self.privacy == "off" and self.selection != "gaussian":
+        from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES  # the registry says what each supports
+
+        strategy = SELECTION_STRATEGIES[self.selection]
+        if self.privacy == "off" and not strategy.releases_scores:
             raise ValueError("privacy: 'off' ranks candidates by exact scores; set selection='gaussian'")
         if self.privacy == "off" and self.final_selection != "last":
             raise ValueError("privacy: 'off' has no DP final selection; set final_selection='last'")
-        if self.selection == "exponential" and self.feedback != "none":
-            raise ValueError(
-                "feedback: DP feedback shares the Gaussian scoring subsample; with selection='exponential' set feedback='none'"
-            )
+        if self.feedback != "none" and not strategy.supports_feedback:
+            raise ValueError(f"feedback: DP feedback shares the Gaussian scoring subsample; with "
+                             f"selection='{self.selection}' set feedback='none'")
         return self
 
     def resolved(self, dataset_size: int) -> "DPESConfig":

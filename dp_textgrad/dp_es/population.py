@@ -12,10 +12,11 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from dp_textgrad.dp_es.estimates import ReleasedScores, shrink_estimates
 from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset
 
 ShrinkFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -38,16 +39,8 @@ def make_candidate_id(text: str, generation: int) -> str:
     return f"g{generation}-{digest}"
 
 
-class NoisyScoresLike(Protocol):
-    """What ``PopulationManager.record`` reads from ``scorer.NoisyScores``."""
-
-    candidate_ids: Sequence[str]
-    estimates: np.ndarray
-    noise_std_estimate: float | np.ndarray
-
-
 @dataclass(frozen=True)
-class Evaluation:
+class ScoreEstimate:
     """One DP-released estimate of a candidate's mean score."""
 
     generation: int
@@ -64,7 +57,7 @@ class Evaluation:
         return {"generation": self.generation, "estimate": self.estimate, "noise_std": self.noise_std}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Evaluation":
+    def from_dict(cls, data: Mapping[str, Any]) -> "ScoreEstimate":
         return cls(int(data["generation"]), float(data["estimate"]), float(data["noise_std"]))
 
 
@@ -82,7 +75,7 @@ class Candidate:
     operator: str = "seed"
     operator_meta: dict[str, Any] = field(default_factory=dict)
     generation: int = 0
-    evaluations: list[Evaluation] = field(default_factory=list)
+    evaluations: list[ScoreEstimate] = field(default_factory=list)
     unsafe: bool = False
 
     def __post_init__(self) -> None:
@@ -150,7 +143,7 @@ class Candidate:
             operator=str(data.get("operator", "seed")),
             operator_meta=dict(data.get("operator_meta", {})),
             generation=int(data.get("generation", 0)),
-            evaluations=[Evaluation.from_dict(e) for e in data.get("evaluations", ())],
+            evaluations=[ScoreEstimate.from_dict(e) for e in data.get("evaluations", ())],
             unsafe=bool(data.get("unsafe", False)),
         )
 
@@ -172,12 +165,6 @@ def _jsonable(value: Any, where: str) -> Any:
     raise TypeError(f"{where}: {type(value).__name__} is not JSON-able; store numbers, text, lists or dicts")
 
 
-def _default_shrink(means: np.ndarray, variances: np.ndarray) -> np.ndarray:
-    from dp_textgrad.dp_es.scorer import shrink_estimates  # imported late: scorer needs tasks and engines
-
-    return shrink_estimates(means, variances)
-
-
 class PopulationManager:
     """The current population, its archive, and elitist replacement.
 
@@ -196,7 +183,7 @@ class PopulationManager:
         self.size = size
         self.elites = elites
         self.rng = rng if rng is not None else np.random.default_rng(0)
-        self._shrink = shrink or _default_shrink
+        self._shrink = shrink or shrink_estimates
         self._population: list[str] = []
         self._archive: dict[str, Candidate] = {}
         self.generation = 0
@@ -266,7 +253,7 @@ class PopulationManager:
             self._admit(cand)
 
     # -- scores -----------------------------------------------------------------------
-    def record(self, noisy: NoisyScoresLike, generation: int) -> None:
+    def record(self, noisy: ReleasedScores, generation: int) -> None:
         """Store DP-released estimates (``noisy.estimates[i]`` belongs to ``noisy.candidate_ids[i]``)."""
         ids = list(noisy.candidate_ids)
         estimates = np.asarray(noisy.estimates, dtype=float).reshape(-1)
@@ -274,7 +261,7 @@ class PopulationManager:
             raise ValueError(f"noisy: {len(ids)} candidate ids but {len(estimates)} estimates")
         stds = np.broadcast_to(np.asarray(noisy.noise_std_estimate, dtype=float), estimates.shape)
         for cid, est, std in zip(ids, estimates, stds):
-            self.get(cid).evaluations.append(Evaluation(int(generation), float(est), float(std)))
+            self.get(cid).evaluations.append(ScoreEstimate(int(generation), float(est), float(std)))
 
     def shrunk_estimates(self) -> dict[str, float]:
         """Shrunk estimates of the evaluated candidates of the current population."""

@@ -1,52 +1,41 @@
-"""DP scoring of candidate prompts on private records.
+"""DP scoring of candidate prompts on private records: the one place the algorithm reads them.
 
-Per generation the :class:`DPScorer` charges the ledger FIRST, then draws a Poisson
-subsample B (rate q, secret), and for each candidate k computes the utility sum
-u_k = sum over B of clip(s_{i,k}, 0, C), where s_{i,k} is the task's raw score.
+Per generation the :class:`DPScorer` charges the ledger FIRST with the event of the
+mechanism it is about to run, then draws a Poisson subsample B (rate q, secret), and for
+each candidate k computes the utility sum u_k = sum over B of clip(s_{i,k}, 0, C)
+(sensitivity C per candidate, see :mod:`dp_textgrad.privacy.mechanisms`).
 
-Sensitivity (add/remove one record): every u_k moves by at most C, all in the same
-direction; L-infinity sensitivity C, L2 sensitivity C*sqrt(K), monotone utility.
-
-Two ways to release something about the u_k:
-
-- :meth:`DPScorer.score_gaussian`: all K noisy sums, u + N(0, (z C sqrt(K))^2 I),
-  charged as ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``. Optionally noisy
-  confusion matrices of some candidates on the SAME subsample (see
-  :meth:`DPScorer.gaussian_event` for why the pair is one Gaussian mechanism).
-  Everything computed from the noisy values afterwards (top-k parents, James-Stein
-  shrinkage with :func:`shrink_estimates`, plots) is free post-processing.
-- :meth:`DPScorer.select_private`: indices only, through a selection mechanism from
-  ``selector.py`` on a fresh subsample.
+- :meth:`DPScorer.score` runs a ``GaussianScoreMechanism``: all K noisy sums, plus
+  noisy confusion matrices on the same subsample when the mechanism releases feedback.
+- :meth:`DPScorer.select` runs a selection mechanism: indices only, on a fresh subsample.
+- :meth:`DPScorer.score_exact`: NOT private, for the ``privacy='off'`` baseline only.
 
 Estimates divide by the PUBLIC expected batch size q*N, never by the realised |B|
-(which is private).
+(which is private). Any failure while records are read is rewritten into
+:class:`PrivateScoringError`, which quotes nothing private.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import dp_accounting
 import numpy as np
-from scipy import optimize
 
+from dp_textgrad.dp_es.estimates import ReleasedScores
+from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.privacy.mechanisms import (
     GaussianScoreMechanism,
-    check_sampling_rate,
+    SelectionMechanism,
     clipped_utility_sums,
     confusion_counts,
-    effective_noise_multiplier,
-    positive_finite,
+    selection_metadata,
 )
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.privacy.data import PrivateScoringError
+from dp_textgrad.privacy.validation import check_sampling_rate, positive_finite
 
 if TYPE_CHECKING:
-    from dp_textgrad.dp_es.selector import SelectionMechanism
     from dp_textgrad.engines.base import Engine
     from dp_textgrad.tasks.base import ClassificationTask
 
@@ -59,7 +48,7 @@ class CandidateLike(Protocol):
 
 
 class LedgerLike(Protocol):
-    def spend(self, event: dp_accounting.DpEvent, label: str, metadata: Mapping[str, Any] | None = None) -> Any: ...
+    def spend(self, event: Any, label: str, metadata: Mapping[str, Any] | None = None) -> Any: ...
 
 
 def _check_candidates(candidates: Sequence[CandidateLike]) -> list[CandidateLike]:
@@ -73,110 +62,6 @@ def _check_candidates(candidates: Sequence[CandidateLike]) -> list[CandidateLike
     if len(set(ids)) != len(ids):
         raise ValueError("candidates: candidate ids must be unique (deduplicate the population first)")
     return candidates
-
-
-# -- release and post-processing ------------------------------------------------------
-
-
-@dataclass
-class NoisyScores:
-    """What one Gaussian scoring round releases (all of it is DP).
-
-    ``estimates`` = noisy_sums / (q*N): mean clipped score per record, public
-    denominator. ``confusion`` (if requested) has shape (m, L, L): for each feedback
-    candidate, noisy counts of [gold label, predicted label] on the same subsample.
-    """
-
-    candidate_ids: list[str]
-    noisy_sums: np.ndarray
-    estimates: np.ndarray
-    noise_std_sum: float
-    noise_std_estimate: float
-    expected_batch_size: float
-    confusion: np.ndarray | None = None
-    confusion_candidate_ids: list[str] | None = None
-    confusion_noise_std: float | None = None
-    secure_noise: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (everything in it is already DP-released)."""
-        return {
-            "candidate_ids": list(self.candidate_ids),
-            "noisy_sums": [float(v) for v in self.noisy_sums],
-            "estimates": [float(v) for v in self.estimates],
-            "noise_std_sum": float(self.noise_std_sum),
-            "noise_std_estimate": float(self.noise_std_estimate),
-            "expected_batch_size": float(self.expected_batch_size),
-            "confusion": None if self.confusion is None else np.asarray(self.confusion).tolist(),
-            "confusion_candidate_ids": self.confusion_candidate_ids,
-            "confusion_noise_std": self.confusion_noise_std,
-            "secure_noise": self.secure_noise,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "NoisyScores":
-        confusion = data.get("confusion")
-        return cls(
-            candidate_ids=list(data["candidate_ids"]),
-            noisy_sums=np.asarray(data["noisy_sums"], dtype=float),
-            estimates=np.asarray(data["estimates"], dtype=float),
-            noise_std_sum=float(data["noise_std_sum"]),
-            noise_std_estimate=float(data["noise_std_estimate"]),
-            expected_batch_size=float(data["expected_batch_size"]),
-            confusion=None if confusion is None else np.asarray(confusion, dtype=float),
-            confusion_candidate_ids=data.get("confusion_candidate_ids"),
-            confusion_noise_std=data.get("confusion_noise_std"),
-            secure_noise=bool(data.get("secure_noise", True)),
-        )
-
-
-def shrink_estimates(means: Sequence[float] | np.ndarray,
-                     variances: Sequence[float] | np.ndarray | float) -> np.ndarray:
-    """Empirical-Bayes (James-Stein, positive part) shrinkage of noisy estimates. Free.
-
-    Model: theta_k ~ N(mu, tau^2), x_k | theta_k ~ N(theta_k, v_k), v_k known (the DP
-    noise variance, possibly different per candidate, e.g. after pooling several
-    generations). tau^2 is the Paule-Mandel moment estimate (solve
-    sum_k (x_k - mu_w)^2 / (v_k + tau^2) = K - 1, tau^2 >= 0), mu_w the
-    precision-weighted grand mean with weights 1/(v_k + tau^2). Each estimate moves
-    towards mu_w by B_k = min(1, (K-3)/(K-1) * v_k / (v_k + tau^2)) (Morris's
-    correction for estimating mu and tau^2). With equal variances and spread above
-    the noise this is exactly the positive-part James-Stein estimator with estimated
-    mean, B = (K-3) v / sum (x - mean)^2. Fewer than 4 estimates: returned unchanged.
-    """
-    x = np.asarray(means, dtype=float).reshape(-1)
-    v = np.broadcast_to(np.asarray(variances, dtype=float), x.shape).astype(float) if np.ndim(variances) == 0 \
-        else np.asarray(variances, dtype=float).reshape(-1)
-    if v.shape != x.shape:
-        raise ValueError(f"variances: need one variance per estimate ({x.size}), got {v.size}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("means: every estimate must be finite")
-    if not np.all(np.isfinite(v)) or np.any(v < 0):
-        raise ValueError("variances: every variance must be finite and >= 0")
-    count = x.size
-    if count < 4 or not np.any(v > 0):
-        return x.copy()
-    # Exact (noiseless) estimates get a negligible variance instead of 0, so the
-    # weights stay finite; they then barely move, as they should.
-    v = np.maximum(v, 1e-12 * v.max())
-
-    def weighted(tau2: float) -> tuple[np.ndarray, float]:
-        w = 1.0 / (v + tau2)
-        return w, float(np.sum(w * x) / np.sum(w))
-
-    def excess_spread(tau2: float) -> float:  # decreasing in tau2
-        w, mu = weighted(tau2)
-        return float(np.sum(w * (x - mu) ** 2)) - (count - 1)
-
-    if excess_spread(0.0) <= 0.0:
-        tau2 = 0.0  # no spread beyond the noise: shrink as far as allowed
-    else:
-        # Q(t) <= sum (x - mean)^2 / t, so Q <= K - 1 at t = S / (K - 1): a bracket.
-        upper = float(np.sum((x - x.mean()) ** 2)) / (count - 1)
-        tau2 = optimize.brentq(excess_spread, 0.0, upper) if excess_spread(upper) < 0.0 else upper
-    _, grand_mean = weighted(tau2)
-    factor = np.minimum(1.0, (count - 3) / (count - 1) * v / (v + tau2))
-    return x - factor * (x - grand_mean)
 
 
 # -- the scorer -----------------------------------------------------------------------
@@ -226,94 +111,50 @@ class DPScorer:
         """q*N: the public denominator of every estimate."""
         return self.sampling_rate * self.dataset_size
 
-    # -- planning (no data touched) -------------------------------------------------
-    @staticmethod
-    def gaussian_event(q: float, z: float, feedback_z: float | None = None) -> dp_accounting.DpEvent:
-        """The event of one :meth:`score_gaussian` call: PoissonSampled(q, Gaussian(z_eff)).
+    # -- mechanisms (these read private data, after charging the mechanism's own event) ----
+    def score(self, candidates: Sequence[CandidateLike], mechanism: GaussianScoreMechanism, label: str,
+              feedback_candidates: Sequence[int] = ()) -> ReleasedScores:
+        """Noisy utility sums of every candidate (+ noisy confusion matrices of ``feedback_candidates``).
 
-        Why one Gaussian: the scores (L2 sensitivity C sqrt(K), noise std z C sqrt(K))
-        and the m confusion matrices (each record adds 1 to one cell per matrix: L2
-        sensitivity sqrt(m), noise std z_fb sqrt(m)) are computed on the same
-        subsample. Divide each block by its noise std: the joint release is the
-        sensitivity vector plus N(0, I) with L2 sensitivity at most
-        sqrt(1/z^2 + 1/z_fb^2), i.e. one Gaussian mechanism of multiplier
-        z_eff = (1/z^2 + 1/z_fb^2)^(-1/2), sampled once.
-        """
-        rate = check_sampling_rate(q)
-        return dp_accounting.PoissonSampledDpEvent(
-            rate, dp_accounting.GaussianDpEvent(effective_noise_multiplier(z, feedback_z))
-        )
-
-    # -- mechanisms (these read private data) ---------------------------------------
-    def score_gaussian(
-        self,
-        candidates: Sequence[CandidateLike],
-        noise_multiplier: float,
-        label: str,
-        feedback_candidates: Sequence[int] = (),
-        feedback_noise_multiplier: float | None = None,
-    ) -> NoisyScores:
-        """Noisy utility sums of every candidate (+ optional noisy confusion matrices).
-
-        ``feedback_candidates`` are indices into ``candidates``; their confusion
-        matrices come from the same subsample and are charged with the scores as one
-        Gaussian (see :meth:`gaussian_event`).
+        ``mechanism`` is the object the plan holds for this generation: its event is
+        charged, then it runs. Its confusion matrices (when it has a feedback noise
+        multiplier) come from the same subsample and are part of that one event, so a
+        mechanism that releases feedback needs ``feedback_candidates`` (and one that does
+        not must get none): what is charged is exactly what is released.
         """
         candidates = _check_candidates(candidates)
-        mechanism = GaussianScoreMechanism(noise_multiplier, self.clip_bound, len(candidates))
+        if not isinstance(mechanism, GaussianScoreMechanism):
+            raise TypeError("mechanism: score() runs a GaussianScoreMechanism; use select() for selections")
+        if mechanism.num_candidates != len(candidates):
+            raise ValueError(f"mechanism.num_candidates: is {mechanism.num_candidates} but "
+                             f"{len(candidates)} candidates were given")
+        if float(mechanism.clip_bound) != self.clip_bound:
+            raise ValueError(f"mechanism.clip_bound: must be the task's clip_bound ({self.clip_bound}), "
+                             f"got {mechanism.clip_bound}")
         feedback = self._check_feedback(feedback_candidates, len(candidates))
-        if feedback and feedback_noise_multiplier is None:
-            raise ValueError("feedback_noise_multiplier: required when feedback_candidates are given "
-                             "(the planned event must say how noisy the confusion matrices are)")
-        if not feedback:
-            feedback_noise_multiplier = None  # nothing released: do not charge for it
-        event = self.gaussian_event(self.sampling_rate, noise_multiplier, feedback_noise_multiplier)
-        self.ledger.spend(event, label, metadata={
-            "mechanism": "gaussian_scores",
-            "num_candidates": len(candidates),
-            "candidate_ids": [str(c.id) for c in candidates],
-            "noise_multiplier": mechanism.noise_multiplier,
-            "feedback_candidates": len(feedback),
-            "feedback_noise_multiplier": feedback_noise_multiplier,
-            "effective_noise_multiplier": effective_noise_multiplier(noise_multiplier, feedback_noise_multiplier),
-            "clip_bound": self.clip_bound,
-            "sampling_rate": self.sampling_rate,
-            "secure_noise": self.noise.secure,
-        })
+        if mechanism.releases_feedback != bool(feedback):
+            raise ValueError("feedback_candidates: give them exactly when the mechanism releases confusion "
+                             "matrices (feedback_noise_multiplier set); the charge must match the release")
+        self._charge(mechanism, label, candidates, {"feedback_candidates": len(feedback)})
         # ---- private data is read only below this line, after the charge ----
-        confusion_std = float(feedback_noise_multiplier) * math.sqrt(len(feedback)) if feedback else None
 
         def read() -> tuple[np.ndarray, np.ndarray | None]:
             sums, outcomes = self._utility_sums(candidates)
             noisy = mechanism.release(sums, self.noise)
             if not feedback:
                 return noisy, None
-            num_labels = len(self.task.labels)
-            counts = np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
-                               for j in feedback])
-            return noisy, self.noise.add_gaussian(counts, confusion_std)
+            return noisy, mechanism.release_confusion(self._confusions(outcomes, feedback), self.noise)
 
         noisy_sums, confusion = self._read_private(label, read)  # private per-record outcomes stay inside
-        denominator = self.expected_batch_size
-        return NoisyScores(
-            candidate_ids=[str(c.id) for c in candidates],
-            noisy_sums=noisy_sums,
-            estimates=noisy_sums / denominator,
-            noise_std_sum=mechanism.noise_std,
-            noise_std_estimate=mechanism.noise_std / denominator,
-            expected_batch_size=denominator,
-            confusion=confusion,
-            confusion_candidate_ids=[str(candidates[j].id) for j in feedback] if feedback else None,
-            confusion_noise_std=confusion_std,
-            secure_noise=self.noise.secure,
-        )
+        return self._released(candidates, noisy_sums, mechanism.noise_std, feedback, confusion,
+                              mechanism.confusion_noise_std(len(feedback)) if feedback else None)
 
-    def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: Sequence[int] = ()) -> NoisyScores:
+    def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: Sequence[int] = ()) -> ReleasedScores:
         """NOT PRIVATE: exact scores (and confusion matrices) on a subsample, for baselines.
 
         Allowed only with a ledger already marked unsafe, so the run's record says it is
-        not differentially private. Same subsample size and estimate as
-        :meth:`score_gaussian`, with zero noise.
+        not differentially private. Same subsample size and estimate as :meth:`score`,
+        with zero noise.
         """
         if not getattr(self.ledger, "unsafe", False):
             raise PermissionError("score_exact: reads private data without noise; the ledger must first be "
@@ -323,29 +164,13 @@ class DPScorer:
 
         def read() -> tuple[np.ndarray, np.ndarray | None]:
             sums, outcomes = self._utility_sums(candidates)
-            if not feedback:
-                return sums, None
-            num_labels = len(self.task.labels)
-            return sums, np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
-                                   for j in feedback]).astype(float)
+            return sums, (self._confusions(outcomes, feedback) if feedback else None)
 
         sums, confusion = self._read_private("exact scores (privacy off)", read)
-        denominator = self.expected_batch_size
-        return NoisyScores(
-            candidate_ids=[str(c.id) for c in candidates],
-            noisy_sums=np.asarray(sums, dtype=float),
-            estimates=np.asarray(sums, dtype=float) / denominator,
-            noise_std_sum=0.0,
-            noise_std_estimate=0.0,
-            expected_batch_size=denominator,
-            confusion=confusion,
-            confusion_candidate_ids=[str(candidates[j].id) for j in feedback] if feedback else None,
-            confusion_noise_std=0.0 if feedback else None,
-            secure_noise=self.noise.secure,
-        )
+        return self._released(candidates, np.asarray(sums, dtype=float), 0.0, feedback, confusion,
+                              0.0 if feedback else None)
 
-    def select_private(self, candidates: Sequence[CandidateLike], mechanism: "SelectionMechanism",
-                       label: str) -> list[int]:
+    def select(self, candidates: Sequence[CandidateLike], mechanism: SelectionMechanism, label: str) -> list[int]:
         """Indices (into ``candidates``) chosen by a DP selection mechanism on a fresh subsample."""
         candidates = _check_candidates(candidates)
         for attribute in ("event", "select", "sensitivity", "k"):
@@ -357,17 +182,7 @@ class DPScorer:
                              f"got {mechanism.sensitivity}")
         if int(mechanism.k) > len(candidates):
             raise ValueError(f"mechanism.k: must be <= the number of candidates ({len(candidates)}), got {mechanism.k}")
-        event = mechanism.event(self.sampling_rate)
-        self.ledger.spend(event, label, metadata={
-            "mechanism": getattr(mechanism, "name", type(mechanism).__name__),
-            "num_candidates": len(candidates),
-            "candidate_ids": [str(c.id) for c in candidates],
-            "epsilon0": float(mechanism.epsilon0) if hasattr(mechanism, "epsilon0") else None,
-            "k": int(mechanism.k),
-            "sensitivity": float(mechanism.sensitivity),
-            "sampling_rate": self.sampling_rate,
-            "secure_noise": self.noise.secure,
-        })
+        self._charge(mechanism, label, candidates, selection_metadata(mechanism))
         # ---- private data is read only below this line, after the charge ----
         return self._read_private(label, lambda: list(mechanism.select(self._utility_sums(candidates)[0], self.noise)))
 
@@ -384,6 +199,34 @@ class DPScorer:
         if len(set(feedback)) != len(feedback):
             raise ValueError("feedback_candidates: indices must be unique")
         return feedback
+
+    def _charge(self, mechanism: Any, label: str, candidates: list[CandidateLike], extra: Mapping[str, Any]) -> None:
+        """Spend the mechanism's own event; its public parameters go into the ledger entry."""
+        metadata = {**(mechanism.metadata() if hasattr(mechanism, "metadata") else {}), **extra}
+        metadata.update(num_candidates=len(candidates), candidate_ids=[str(c.id) for c in candidates],
+                        clip_bound=self.clip_bound, sampling_rate=self.sampling_rate, secure_noise=self.noise.secure)
+        self.ledger.spend(mechanism.event(self.sampling_rate), label, metadata=metadata)
+
+    def _confusions(self, outcomes: list[Any], feedback: list[int]) -> np.ndarray:
+        num_labels = len(self.task.labels)
+        return np.stack([confusion_counts(outcomes[j].gold, outcomes[j].predicted, num_labels)
+                         for j in feedback]).astype(float)
+
+    def _released(self, candidates: list[CandidateLike], sums: np.ndarray, noise_std: float, feedback: list[int],
+                  confusion: np.ndarray | None, confusion_std: float | None) -> ReleasedScores:
+        denominator = self.expected_batch_size  # public q*N, never the realised |B|
+        return ReleasedScores(
+            candidate_ids=[str(c.id) for c in candidates],
+            noisy_sums=sums,
+            estimates=sums / denominator,
+            noise_std_sum=noise_std,
+            noise_std_estimate=noise_std / denominator,
+            expected_batch_size=denominator,
+            confusion=confusion,
+            confusion_candidate_ids=[str(candidates[j].id) for j in feedback] if feedback else None,
+            confusion_noise_std=confusion_std,
+            secure_noise=self.noise.secure,
+        )
 
     @staticmethod
     def _read_private(label: str, read: Any) -> Any:
@@ -417,12 +260,4 @@ class DPScorer:
         return clipped_utility_sums(per_record, self.clip_bound), outcomes
 
 
-__all__ = [
-    "DPScorer",
-    "GaussianScoreMechanism",
-    "NoisyScores",
-    "clipped_utility_sums",
-    "confusion_counts",
-    "effective_noise_multiplier",
-    "shrink_estimates",
-]
+__all__ = ["DPScorer"]

@@ -8,20 +8,30 @@ selection mechanisms are in :mod:`dp_textgrad.privacy.mechanisms`.
 
 from __future__ import annotations
 
+import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+import dp_accounting
 import numpy as np
 
-from dp_textgrad.privacy.mechanisms import _as_values, _check_k, _positive_int
-
+from dp_textgrad.dp_es.estimates import ReleasedScores
+from dp_textgrad.privacy.mechanisms import (
+    GaussianScoreMechanism,
+    SelectionMechanism,
+    selection_mechanism,
+)
+from dp_textgrad.privacy.validation import check_k, finite_values, positive_int
 
 # -- free selectors (post-processing) -------------------------------------------------
 
 
 def top_k(values: Sequence[float] | np.ndarray, k: int) -> list[int]:
     """Indices of the k largest values, best first (ties: lower index first). Free."""
-    array = _as_values(values, "values")
-    k = _check_k(k, array.size)
+    array = finite_values(values, "values")
+    k = check_k(k, array.size)
     order = np.argsort(-array, kind="stable")
     return [int(i) for i in order[:k]]
 
@@ -34,9 +44,9 @@ def tournament(values: Sequence[float] | np.ndarray, k: int, size: int, rng: np.
     secure randomness). With ``distinct`` a winner leaves the pool, so k <= number of
     candidates; otherwise winners may repeat.
     """
-    array = _as_values(values, "values")
-    k = _check_k(k, array.size) if distinct else _positive_int(k, "k")
-    size = _check_k(size, array.size, "size")
+    array = finite_values(values, "values")
+    k = check_k(k, array.size) if distinct else positive_int(k, "k")
+    size = check_k(size, array.size, "size")
     if not isinstance(rng, np.random.Generator):
         raise TypeError("rng: must be a numpy Generator (np.random.default_rng(seed))")
     pool = list(range(array.size))
@@ -50,4 +60,162 @@ def tournament(values: Sequence[float] | np.ndarray, k: int, size: int, rng: np.
     return winners
 
 
-__all__ = ["top_k", "tournament"]
+
+
+# -- selection strategies: how a generation turns private scores into parents ------------------
+
+
+@dataclass(frozen=True)
+class GenerationMechanisms:
+    """The mechanisms one generation runs on private data (None: that stage is not run)."""
+
+    scores: GaussianScoreMechanism | None = None
+    selection: SelectionMechanism | None = None
+    exact_feedback: bool = False  # privacy 'off' only: exact confusion matrices, no mechanism
+
+    def events(self, q: float) -> list[dp_accounting.DpEvent]:
+        return [m.event(q) for m in (self.scores, self.selection) if m is not None]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a strategy chose: parents (best first) and the scores it released, if any."""
+
+    parents: list[Any]
+    released: ReleasedScores | None = None
+
+
+class SelectionStrategy(ABC):
+    """One way of choosing parents from private scores; registered in :data:`SELECTION_STRATEGIES`.
+
+    ``calibrates`` names the free parameter the budget decides ("noise_multiplier",
+    "epsilon0", or None for the non-private baseline). :meth:`mechanisms` is asked by the
+    planner and by the running generation alike, so what is planned is what runs.
+    """
+
+    name: str
+    calibrates: str | None
+    releases_scores: bool  # noisy estimates per candidate (ranking is then free post-processing)
+    supports_feedback: bool  # DP confusion matrices can ride on its scoring
+
+    @abstractmethod
+    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
+                   clip_bound: float) -> GenerationMechanisms: ...
+
+    @abstractmethod
+    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
+               generation: int, parents: int) -> Choice: ...
+
+    @abstractmethod
+    def describe(self, value: float | None, parents: int) -> str:
+        """One line for the console: the mechanism and its calibrated parameter."""
+
+    def current_best(self, population: Any, parents: list[Any]) -> Any:
+        return population.best(1)[0] if self.releases_scores else parents[0]
+
+
+def _index_of_current_best(population: Any, candidates: list[Any]) -> int:
+    """The candidate whose confusion matrix is released: the best by the estimates so far (free)."""
+    shrunk = population.shrunk_estimates()
+    scored = [(shrunk.get(c.id, -math.inf), -i) for i, c in enumerate(candidates)]
+    return -max(scored)[1]
+
+
+class NoisyScoreTopK(SelectionStrategy):
+    """Release every candidate's noisy score (Gaussian); parents are the top-k of the
+    shrunk estimates, free post-processing."""
+
+    name, calibrates, releases_scores, supports_feedback = "gaussian", "noise_multiplier", True, True
+
+    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
+                   clip_bound: float) -> GenerationMechanisms:
+        # Feedback only feeds the next generation's critiques: the last generation releases none.
+        feedback = config.feedback == "dp_confusion" and generation + 1 < config.generations
+        z_fb = value * config.feedback_noise_ratio if feedback else None
+        return GenerationMechanisms(scores=GaussianScoreMechanism(value, clip_bound, num_candidates, z_fb))
+
+    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
+               generation: int, parents: int) -> Choice:
+        scores = mechanisms.scores
+        feedback = [_index_of_current_best(population, candidates)] if scores.releases_feedback else []
+        label = f"generation {generation}: noisy scores of {len(candidates)} candidates" + \
+            (" + DP confusion matrix" if feedback else "")
+        released = scorer.score(candidates, scores, label, feedback_candidates=feedback)
+        population.record(released, generation)
+        return Choice(population.best(parents), released)
+
+    def describe(self, value: float | None, parents: int) -> str:
+        return f"Gaussian noisy scores, noise multiplier z = {value:.4f}; parents: top-{parents} of the estimates"
+
+
+class ExactScores(NoisyScoreTopK):
+    """NOT PRIVATE: the ``privacy='off'`` baseline, same loop and subsample size, no noise."""
+
+    name, calibrates = "exact", None
+
+    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
+                   clip_bound: float) -> GenerationMechanisms:
+        feedback = config.feedback == "dp_confusion" and generation + 1 < config.generations
+        return GenerationMechanisms(exact_feedback=feedback)
+
+    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
+               generation: int, parents: int) -> Choice:
+        feedback = [_index_of_current_best(population, candidates)] if mechanisms.exact_feedback else []
+        released = scorer.score_exact(candidates, feedback_candidates=feedback)
+        population.record(released, generation)
+        return Choice(population.best(parents), released)
+
+    def describe(self, value: float | None, parents: int) -> str:
+        return "NOT PRIVATE: exact scores (privacy 'off')"
+
+
+class ChargedSelection(SelectionStrategy):
+    """Release indices only: a DP selection mechanism picks k parents on a fresh subsample."""
+
+    calibrates, releases_scores, supports_feedback = "epsilon0", False, False
+
+    def __init__(self, name: str, title: str) -> None:
+        self.name, self.title = name, title
+
+    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
+                   clip_bound: float) -> GenerationMechanisms:
+        return GenerationMechanisms(selection=selection_mechanism(self.name, value, config.parents, clip_bound))
+
+    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
+               generation: int, parents: int) -> Choice:
+        label = f"generation {generation}: {self.title} top-{parents}"
+        chosen = scorer.select(candidates, mechanisms.selection, label)
+        return Choice([candidates[i] for i in chosen])  # ordered: free to release its head
+
+    def describe(self, value: float | None, parents: int) -> str:
+        return f"{self.title} top-{parents}, epsilon0 = {value:.4f} per selection"
+
+
+SELECTION_STRATEGIES: dict[str, SelectionStrategy] = {
+    "gaussian": NoisyScoreTopK(),
+    "exponential": ChargedSelection("exponential", "exponential (Gumbel)"),
+    "permute_and_flip": ChargedSelection("permute_and_flip", "permute-and-flip"),
+}
+NON_PRIVATE = ExactScores()
+
+
+def strategy_for(config: Any) -> SelectionStrategy:
+    """The strategy a configuration names (the non-private baseline when privacy is 'off')."""
+    if config.privacy == "off":
+        return NON_PRIVATE
+    try:
+        return SELECTION_STRATEGIES[config.selection]
+    except KeyError:
+        raise ValueError(f"selection: unknown strategy {config.selection!r}; "
+                         f"use one of {sorted(SELECTION_STRATEGIES)}") from None
+
+
+__all__ = [
+    "SELECTION_STRATEGIES",
+    "Choice",
+    "GenerationMechanisms",
+    "SelectionStrategy",
+    "strategy_for",
+    "top_k",
+    "tournament",
+]

@@ -6,7 +6,7 @@ can be turned into text by accident: ``str()``, ``format()`` and f-strings raise
 mechanism (the scorer, the DP feedback statistics) calls :meth:`Private.unwrap`.
 
 Text that may reach a mutation LLM is :class:`PublicText`, which carries its
-provenance. Prompt builders (see ``mutation.py``) accept only ``PublicText`` and
+provenance. Prompt builders (see ``dp_es/mutation/barrier.py``) accept only ``PublicText`` and
 candidate prompts, so private text cannot be formatted into a mutation prompt
 without an explicit, greppable ``unwrap()`` call.
 """

@@ -38,49 +38,13 @@ import numpy as np
 
 from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent
 from dp_textgrad.privacy.noise import NoiseSource
-
-# -- validation -------------------------------------------------------------------------
-
-
-def positive_finite(value: float, field: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{field}: must be a number, got {type(value).__name__}") from None
-    if not math.isfinite(number) or number <= 0.0:
-        raise ValueError(f"{field}: must be a finite number > 0, got {value!r}")
-    return number
-
-
-def _positive_int(value: int, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{field}: must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{field}: must be >= 1, got {value}")
-    return int(value)
-
-
-def _as_values(values: Sequence[float] | np.ndarray, field: str) -> np.ndarray:
-    array = np.asarray(values, dtype=float)
-    if array.ndim != 1 or array.size == 0:
-        raise ValueError(f"{field}: must be a non-empty 1-D sequence of numbers, got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{field}: every value must be finite (no nan or inf)")
-    return array
-
-
-def _check_k(k: int, num_candidates: int, field: str = "k") -> int:
-    k = _positive_int(k, field)
-    if k > num_candidates:
-        raise ValueError(f"{field}: must be <= the number of candidates ({num_candidates}), got {k}")
-    return k
-
-
-def check_sampling_rate(q: float) -> float:
-    rate = positive_finite(q, "sampling_rate")
-    if rate > 1.0:
-        raise ValueError(f"sampling_rate: q must be in (0, 1], got {q!r}")
-    return rate
+from dp_textgrad.privacy.validation import (
+    check_k,
+    check_sampling_rate,
+    finite_values,
+    positive_finite,
+    positive_int,
+)
 
 
 def _subsampled(event: dp_accounting.DpEvent, q: float) -> dp_accounting.DpEvent:
@@ -209,11 +173,11 @@ class GaussianScoreMechanism:
 
 
 def _utility_matrix(utilities: Sequence[float] | np.ndarray) -> np.ndarray:
-    return _as_values(utilities, "utilities")
+    return finite_values(utilities, "utilities")
 
 
 def _check_runs(runs: int) -> int:
-    return _positive_int(runs, "runs")
+    return positive_int(runs, "runs")
 
 
 @dataclass(frozen=True)
@@ -264,7 +228,7 @@ class GumbelTopK:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon0", positive_finite(self.epsilon0, "epsilon0"))
-        object.__setattr__(self, "k", _positive_int(self.k, "k"))
+        object.__setattr__(self, "k", positive_int(self.k, "k"))
         object.__setattr__(self, "sensitivity", positive_finite(self.sensitivity, "sensitivity"))
 
     name = "gumbel_top_k"
@@ -284,7 +248,7 @@ class GumbelTopK:
     def sample(self, utilities: Sequence[float] | np.ndarray, noise: NoiseSource, runs: int) -> np.ndarray:
         """``runs`` independent releases, shape (runs, k), best first in each row."""
         u = _utility_matrix(utilities)
-        k = _check_k(self.k, u.size)
+        k = check_k(self.k, u.size)
         runs = _check_runs(runs)
         noisy = u[None, :] + noise.gumbel(self.noise_scale, (runs, u.size))
         if k == 1:
@@ -299,7 +263,7 @@ class GumbelTopK:
     def select(self, utilities: Sequence[float] | np.ndarray, noise: NoiseSource) -> list[int]:
         if noise.secure:
             u = _utility_matrix(utilities)
-            return noise.noisy_top_k(u, self.noise_scale, _check_k(self.k, u.size), "gumbel")
+            return noise.noisy_top_k(u, self.noise_scale, check_k(self.k, u.size), "gumbel")
         return [int(i) for i in self.sample(utilities, noise, 1)[0]]
 
 
@@ -316,7 +280,7 @@ class PermuteAndFlip:
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon0", positive_finite(self.epsilon0, "epsilon0"))
         object.__setattr__(self, "sensitivity", positive_finite(self.sensitivity, "sensitivity"))
-        object.__setattr__(self, "k", _positive_int(self.k, "k"))
+        object.__setattr__(self, "k", positive_int(self.k, "k"))
 
     name = "permute_and_flip"
 
@@ -355,7 +319,7 @@ class PermuteAndFlip:
         u = _utility_matrix(utilities)
         remaining = list(range(u.size))
         picks: list[int] = []
-        for _ in range(_check_k(self.k, u.size)):
+        for _ in range(check_k(self.k, u.size)):
             chosen = remaining[self._pick_one(u[remaining], noise)]
             picks.append(chosen)
             remaining.remove(chosen)

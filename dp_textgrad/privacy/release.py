@@ -89,8 +89,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "format": PUBLIC,
         "generation": PUBLIC,
         "config": PUBLIC,
-        "noise_multiplier": PUBLIC,
-        "selection_epsilon": PUBLIC,
+        "plan_value": PUBLIC,                # the calibrated parameter: a function of the schedule only
         "population": DP_OUTPUT,             # texts chosen and scored by DP mechanisms
         "public_rng_state": PUBLIC,          # advanced by public choices only
         "history": NESTED + "metrics",

@@ -16,13 +16,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 import numpy as np
 
+from dp_textgrad.dp_es.mutation.barrier import Mode, check_mode
 from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
-
-Mode = Literal["public", "unsafe"]
 
 PUBLIC_FEEDBACK_SOURCES = frozenset({"dp", "llm", "phrase_bank", "user", "public_example", "candidate"})
 
@@ -98,8 +96,7 @@ class FeedbackSanitiser:
     def __init__(self, max_chars: int = 300, *, mode: Mode = "public",
                  allowed_sources: Iterable[str] | None = None, keep_terms: Iterable[str] = (),
                  min_chars: int = 3) -> None:
-        if mode not in ("public", "unsafe"):
-            raise ValueError(f"mode: use 'public' or 'unsafe', got {mode!r}")
+        check_mode(mode)
         if max_chars < 10:
             raise ValueError(f"max_chars: must be at least 10, got {max_chars}")
         sources = set(PUBLIC_FEEDBACK_SOURCES if allowed_sources is None else allowed_sources)

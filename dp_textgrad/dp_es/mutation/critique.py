@@ -2,9 +2,9 @@
 
 A critique prompt holds the public task description, a parent prompt (public
 candidate text) and DP feedback sentences (e.g. from ``render_confusion``). It is
-assembled by ``mutation.build_llm_prompt``, so private data cannot enter it. The
+assembled by ``barrier.build_llm_prompt``, so private data cannot enter it. The
 answer is sanitised (hygiene) and returned as ``PublicText(source="llm")`` for
-``MutationEngine.children(feedback=...)``. Critiques of parents built from raw
+``Mutator.children(feedback=...)``. Critiques of parents built from raw
 private text (unsafe mode) keep the source ``"unsafe"``.
 """
 
@@ -16,18 +16,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dp_textgrad.dp_es import phrase_bank
-from dp_textgrad.dp_es.feedback import FeedbackSanitiser
-from dp_textgrad.dp_es.mutation import (
+from dp_textgrad.dp_es.mutation.barrier import (
     Feedback,
     Scaffold,
     build_llm_prompt,
     candidate_text,
     check_public,
-    copies_worked_example,
-    is_degenerate,
     oneline,
 )
+from dp_textgrad.dp_es.mutation.feedback import FeedbackSanitiser
+from dp_textgrad.dp_es.mutation.phrase_bank import CRITIQUE_EXAMPLES
+from dp_textgrad.dp_es.mutation.text_edits import copies_worked_example, is_degenerate
 from dp_textgrad.dp_es.population import Candidate, normalise_text
 from dp_textgrad.privacy.data import PrivateDataError, PublicText
 
@@ -103,7 +102,7 @@ class CritiquePipeline:
         parts: list[Scaffold | PublicText] = [Scaffold(
             "A reviewer reads an instruction for a text classifier and statistics about its mistakes, "
             "then gives one piece of advice to improve the instruction.\n\n")]
-        for task, instruction, statistics, advice in phrase_bank.CRITIQUE_EXAMPLES:
+        for task, instruction, statistics, advice in CRITIQUE_EXAMPLES:
             parts.append(Scaffold(f"Task: {task}\nInstruction: {instruction}\nStatistics: {statistics}\n"
                                   f"Advice: {advice}\n\n"))
         if self.task_description is not None:
@@ -131,7 +130,7 @@ class CritiquePipeline:
             return None
         if normalise_text(text) == normalise_text(parent.text):
             return None
-        worked = [ex[3] for ex in phrase_bank.CRITIQUE_EXAMPLES]
+        worked = [ex[3] for ex in CRITIQUE_EXAMPLES]
         inputs = [parent.text, *(str(s) for s in stats), str(self.task_description or "")]
         if copies_worked_example(text, worked, inputs):
             return None

@@ -1,0 +1,131 @@
+"""One generation of DP-ES, as data flow::
+
+    plan.generation(t)  ->  strategy.choose: charge, sample, score, select  (private, charged)
+                        ->  DP feedback sentences from the released confusion matrix (free)
+                        ->  critiques of the parents (public text and DP outputs only)
+                        ->  children by mutation  ->  next population
+
+Only :meth:`Generation.run`'s call to ``strategy.choose`` reads private records, through
+the scorer, which charges the mechanism the plan gave before reading. Everything after
+it sees public text and DP-released values. Usage is measured per phase so that only the
+public phase's costs are released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dp_textgrad.dp_es.estimates import ReleasedScores
+from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, CritiquePipeline, FeedbackSanitiser, Mutator, render_confusion
+from dp_textgrad.dp_es.plan import RunPlan
+from dp_textgrad.dp_es.population import Candidate, PopulationManager
+from dp_textgrad.dp_es.reports import UsageMark
+from dp_textgrad.dp_es.scorer import DPScorer
+from dp_textgrad.privacy.data import PublicText
+from dp_textgrad.privacy.noise import NoiseSource
+
+
+def no_shrinkage(means: np.ndarray, variances: np.ndarray) -> np.ndarray:
+    """Rank by the pooled noisy estimates themselves (``shrinkage=False``)."""
+    return np.asarray(means, dtype=float)
+
+
+@dataclass(frozen=True)
+class GenerationOutcome:
+    """The generation's released best candidate, its parents, and usage per phase."""
+
+    best: Candidate
+    parents: list[Candidate]
+    public_usage: UsageMark  # public text and DP outputs only: releasable
+    private_usage: UsageMark  # a function of the secret subsample: operator-only
+
+
+@dataclass
+class Generation:
+    """The parts one generation uses; :meth:`run` passes the data between them in order."""
+
+    plan: RunPlan
+    task: Any
+    engine: Any
+    scorer: DPScorer
+    population: PopulationManager
+    mutator: Any
+    sanitiser: Any
+    critique: Any | None = None
+
+    @classmethod
+    def build(cls, plan: RunPlan, task: Any, engine: Any, ledger: Any, noise: NoiseSource,
+              public_rng: np.random.Generator, *, dataset_size: int, mutator: Any | None = None,
+              critique: Any | None = None, unsafe_examples: Sequence[Any] = ()) -> Generation:
+        """The default parts for a plan; ``mutator``/``critique`` replace the default ones."""
+        config = plan.config
+        # The subsample must stay secret for amplification: the scorer draws it from the DP generator.
+        scorer = DPScorer(task, engine, ledger, sampling_rate=config.sampling_rate, dataset_size=dataset_size,
+                          noise=noise)
+        llm_operators = config.llm_operators if config.llm_operators is not None \
+            else bool(getattr(engine, "instruction_following", True))
+        description = PublicText(task.description, "user")
+        mutator = mutator or Mutator(
+            engine, description, task.labels, task.public_examples, public_rng, mode=config.mode,
+            render_demo=task.render_demo, max_prompt_chars=config.max_prompt_chars, unsafe_examples=unsafe_examples,
+            weights=None if llm_operators else NO_LLM_WEIGHTS)
+        sanitiser = FeedbackSanitiser(mode=config.mode, keep_terms=task.labels)
+        if critique is None and config.use_critiques and llm_operators:
+            critique = CritiquePipeline(engine, sanitiser, config.parents, task_description=description, rng=public_rng)
+        population = PopulationManager(config.population, config.elites, public_rng,
+                                       shrink=None if config.shrinkage else no_shrinkage)
+        return cls(plan, task, engine, scorer, population, mutator, sanitiser, critique)
+
+    def run(self, t: int, start: UsageMark | None = None) -> GenerationOutcome:
+        """Generation ``t``; ``start``: usage when the step began (set-up before it is public)."""
+        config, strategy = self.plan.config, self.plan.strategy
+        start = UsageMark.of(self.engine) if start is None else start
+        candidates = list(self.population.candidates)
+        before_private = UsageMark.of(self.engine)
+        # The same mechanism objects the planner composed into the calibrated run event.
+        mechanisms = self.plan.generation(t, len(candidates), float(self.task.clip_bound))
+        choice = strategy.choose(self.scorer, self.population, candidates, mechanisms, t, config.parents)
+        after_private = UsageMark.of(self.engine)
+
+        best = strategy.current_best(self.population, choice.parents)
+        if t + 1 < config.generations:
+            feedback = self.feedback_sentences(choice.released)
+            children = self.children(choice.parents, t + 1, feedback)
+            self.population.next_generation(children, parents=choice.parents)
+        public = (before_private - start) + (UsageMark.of(self.engine) - after_private)
+        return GenerationOutcome(best, choice.parents, public, after_private - before_private)
+
+    def initialise(self, seed_text: str) -> None:
+        """Generation 0's population: the seed prompt and public variants of it."""
+        seed = Candidate(id="g0-seed", text=str(seed_text), parent_ids=(), operator="seed",
+                         operator_meta={}, generation=0, evaluations=[])
+        variants = self.mutator.variants(seed, self.plan.config.population - 1, generation=0)
+        self.population.initialise(seed, variants)
+
+    def feedback_sentences(self, released: ReleasedScores | None) -> dict[str, list[PublicText]]:
+        """DP confusion matrices rendered as sentences, per candidate id (free post-processing)."""
+        if released is None or released.confusion is None or not released.confusion_candidate_ids:
+            return {}
+        matrices = np.asarray(released.confusion)
+        return {
+            candidate_id: render_confusion(matrix, self.task.labels, released.expected_batch_size,
+                                           noise_std=released.confusion_noise_std)
+            for candidate_id, matrix in zip(released.confusion_candidate_ids, matrices)
+        }
+
+    def children(self, parents: list[Candidate], generation: int,
+                 pending: dict[str, list[PublicText]]) -> list[Candidate]:
+        dp_feedback = {cid: self.sanitiser.sanitise_all(sentences) for cid, sentences in pending.items()}
+        critiques: dict[str, list[PublicText]] = {}
+        if self.critique is not None:
+            critiques = self.critique.critiques_by_parent(parents, dp_feedback)
+        feedback = {p.id: list(dp_feedback.get(p.id, [])) + list(critiques.get(p.id, [])) for p in parents}
+        n_children = self.plan.config.population - min(self.plan.config.elites, len(parents))
+        return self.mutator.children(parents, n_children, generation, feedback=feedback)
+
+
+__all__ = ["Generation", "GenerationOutcome"]

@@ -1,0 +1,243 @@
+"""The Mutator: makes children of candidate prompts from public information only.
+
+It validates its inputs at the barrier (public text, public examples, DP feedback;
+raw private examples only in ``mode="unsafe"``), draws an operator by weight from
+the registry in ``operators.py``, and turns the operator's edit into a
+:class:`~dp_textgrad.dp_es.population.Candidate`. A failed LLM operator falls back
+to a rule edit here, recorded in the child's ``operator_meta``. All non-private
+randomness comes from the seeded ``rng`` given to the mutator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dp_textgrad.dp_es.mutation.barrier import Feedback, Mode, candidate_text, check_mode, check_public
+from dp_textgrad.dp_es.mutation.operators import DEFAULT_WEIGHTS, OPERATORS, RULE_OPERATORS
+from dp_textgrad.dp_es.mutation.phrase_bank import FORMAT_INSTRUCTIONS, INSTRUCTION_PHRASES
+from dp_textgrad.dp_es.mutation.text_edits import Edit, PromptLayout, norm_block, parse_layout
+from dp_textgrad.dp_es.population import Candidate, normalise_text
+from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
+from dp_textgrad.tasks.base import Example
+
+if TYPE_CHECKING:
+    from dp_textgrad.engines.base import Engine
+
+
+def _default_render_demo(example: Example) -> str:
+    return f"Text: {example.text}\nLabel: {example.label}"
+
+
+class Mutator:
+    """Makes children from parents using only public information.
+
+    ``task_description`` must be PublicText; ``labels`` are the public label names;
+    ``public_examples`` feed demo operators (rendered with ``render_demo``, e.g.
+    ``task.render_demo``). ``unsafe_examples`` (raw private records the caller
+    unwrapped on purpose) are accepted only with ``mode="unsafe"``.
+    ``engine=None`` disables the LLM operators; ``weights`` override the operators'
+    default weights (see ``operators.OPERATORS``; ``NO_LLM_WEIGHTS`` turns the LLM off).
+    """
+
+    def __init__(
+        self,
+        engine: "Engine | None",
+        task_description: PublicText,
+        labels: Sequence[str],
+        public_examples: Sequence[Example],
+        rng: np.random.Generator,
+        mode: Mode = "public",
+        render_demo: Callable[[Example], str] | None = None,
+        *,
+        unsafe_examples: Sequence[Example] = (),
+        weights: Mapping[str, float] | None = None,
+        max_prompt_chars: int = 1500,
+        min_instruction_chars: int = 12,
+        max_demos: int = 4,
+        max_feedback_items: int = 3,
+        examples_in_prompt: int | None = None,
+        temperature: float = 0.8,
+        max_tokens: int = 120,
+    ) -> None:
+        check_mode(mode)
+        self.mode: Mode = mode
+        self.task_description = check_public(task_description, mode=mode, field_name="task_description")
+        if len(labels) < 2:
+            raise ValueError("labels: give the public label names (at least two)")
+        self.labels = [check_public(PublicText(str(lab), "user"), mode=mode) for lab in labels]
+        if unsafe_examples and mode != "unsafe":
+            raise PrivateDataError("unsafe_examples: raw private examples are only allowed with mode='unsafe'")
+        self.engine = engine
+        self.rng = rng
+        self.render_demo = render_demo or _default_render_demo
+        self.public_examples = [self._public_example(ex, "public_examples") for ex in public_examples]
+        self.unsafe_examples = [self._public_example(ex, "unsafe_examples") for ex in unsafe_examples]
+        # The demo pool: rendered text with provenance.
+        self.demo_pool: list[PublicText] = [
+            PublicText(norm_block(self.render_demo(ex)), "public_example") for ex in self.public_examples
+        ] + [PublicText(norm_block(self.render_demo(ex)), "unsafe") for ex in self.unsafe_examples]
+        self.demo_labels = [ex.label for ex in self.public_examples] + [ex.label for ex in self.unsafe_examples]
+        self.phrases = [PublicText(p, "phrase_bank") for p in INSTRUCTION_PHRASES]
+        self.formats = [PublicText(p, "phrase_bank") for p in FORMAT_INSTRUCTIONS]
+        self.weights = self._resolve_weights(weights)
+        if max_prompt_chars < 50:
+            raise ValueError(f"max_prompt_chars: must be at least 50, got {max_prompt_chars}")
+        self.max_prompt_chars = max_prompt_chars
+        self.min_instruction_chars = min_instruction_chars
+        self.max_demos = max_demos
+        self.max_feedback_items = max_feedback_items
+        self.examples_in_prompt = (2 if mode == "unsafe" else 0) if examples_in_prompt is None else examples_in_prompt
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+
+    # -- construction helpers ---------------------------------------------------------
+    @staticmethod
+    def _public_example(example: object, field_name: str) -> Example:
+        if isinstance(example, (Private, PrivateDataset, PrivateBatch)):
+            raise PrivateDataError(f"{field_name}: got a Private record; only the controller may unwrap "
+                                   "records, and only for unsafe_examples in mode='unsafe'")
+        if not isinstance(example, Example):
+            raise TypeError(f"{field_name}: expected Example objects, got {type(example).__name__}")
+        return example
+
+    @staticmethod
+    def _resolve_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
+        resolved = dict(DEFAULT_WEIGHTS)
+        for name, value in (weights or {}).items():
+            if name not in resolved:
+                raise ValueError(f"weights: unknown operator {name!r}; known: {sorted(resolved)}")
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"weights[{name!r}]: must be a finite number >= 0, got {value}")
+            resolved[name] = float(value)
+        if not any(resolved[name] > 0 for name in RULE_OPERATORS):
+            raise ValueError("weights: give at least one rule operator a weight > 0 (LLM operators fall back to them)")
+        return resolved
+
+    # -- public API -------------------------------------------------------------------
+    def variants(self, seed: Candidate, n: int, generation: int = 0) -> list[Candidate]:
+        """``n`` distinct variants of the seed prompt (for the initial population)."""
+        return self.children([seed], n, generation)
+
+    def children(self, parents: Sequence[Candidate], n: int, generation: int,
+                 feedback: Feedback = ()) -> list[Candidate]:
+        """Up to ``n`` distinct children (different from their parents and each other).
+
+        ``feedback``: public/DP sentences for all parents, or a mapping parent id ->
+        sentences. Parents are used round robin, best first.
+        """
+        parents = list(parents)
+        if not parents:
+            raise ValueError("parents: need at least one parent candidate")
+        if n < 0:
+            raise ValueError(f"n: must be >= 0, got {n}")
+        for parent in parents:  # fail fast: an unsafe parent cannot be mutated in public mode
+            check_public(candidate_text(parent), mode=self.mode, field_name=f"parent {parent.id}")
+        feedback_by_parent = self._feedback_by_parent(parents, feedback)
+        seen = {p.key for p in parents}
+        out: list[Candidate] = []
+        attempts = 0
+        while len(out) < n and attempts < 4 * n + 4:
+            primary = parents[attempts % len(parents)]
+            attempts += 1
+            child = self.mutate(primary, parents, generation, feedback_by_parent.get(primary.id, ()))
+            if child is None or child.key in seen:
+                continue
+            seen.add(child.key)
+            out.append(child)
+        return out
+
+    def mutate(self, primary: Candidate, parents: Sequence[Candidate], generation: int,
+               feedback: Sequence[PublicText] = ()) -> Candidate | None:
+        """One child of ``primary`` (``parents`` supply crossover partners); None if nothing applies."""
+        check_public(candidate_text(primary), mode=self.mode, field_name=f"parent {primary.id}")
+        feedback = [check_public(f, mode=self.mode, field_name="feedback") for f in feedback]
+        partners = [p for p in parents if p.key != primary.key]
+        weights = {name: w for name, w in self.weights.items()
+                   if w > 0 and self._applicable(name, primary, partners)}
+        while weights:
+            names = list(weights)
+            probs = np.array([weights[name] for name in names]) / sum(weights.values())
+            name = names[int(self.rng.choice(len(names), p=probs))]
+            result = OPERATORS[name].run(self, primary, partners, feedback)
+            if result is not None:
+                used = [primary] + ([p for p in partners if p.id in result.meta.get("partner_ids", ())])
+                return Candidate.new(
+                    result.text,
+                    generation=generation,
+                    operator=result.operator,
+                    parent_ids=[p.id for p in used],
+                    operator_meta=result.meta,
+                    unsafe=result.used_unsafe or any(p.unsafe for p in used),
+                )
+            del weights[name]
+        return None
+
+    # -- for the operators ------------------------------------------------------------
+    def layout(self, candidate: Candidate) -> PromptLayout:
+        """``candidate``'s prompt split into instruction and demos of this mutator's pool."""
+        return parse_layout(candidate.text, self.demo_pool)
+
+    def unused_demos(self, layout: PromptLayout) -> list[PublicText]:
+        """Demos of the pool that ``layout`` does not hold yet."""
+        present = {normalise_text(d) for d in layout.demos}
+        return [d for d in self.demo_pool if normalise_text(d) not in present]
+
+    def finish(self, layout: PromptLayout, primary: Candidate, operator: str, meta: dict[str, Any],
+               used_unsafe: bool = False) -> Edit | None:
+        """Accept an edited layout if it is non-empty, new and within the length limit."""
+        text = layout.compose()
+        if not layout.instruction.strip() and not layout.demos:
+            return None
+        if len(text) > self.max_prompt_chars or normalise_text(text) == primary.key:
+            return None
+        return Edit(text, operator, meta, used_unsafe)
+
+    def fallback(self, primary: Candidate, partners: Sequence[Candidate], source_op: str, reason: str,
+                 meta: dict[str, Any], used_unsafe: bool) -> Edit | None:
+        """A rule edit in place of a failed LLM call, recorded in operator_meta.
+
+        With a partner, rule crossovers come first (whatever their weight); then the
+        other applicable rule edits in a weighted random order.
+        """
+        names = [name for name in RULE_OPERATORS
+                 if not OPERATORS[name].needs_partner and self.weights[name] > 0
+                 and self._applicable(name, primary, [])]
+        order = [name for name in RULE_OPERATORS if OPERATORS[name].needs_partner] if partners else []
+        if names:
+            probs = np.array([self.weights[name] for name in names]) / sum(self.weights[name] for name in names)
+            order += [names[i] for i in self.rng.choice(len(names), size=len(names), replace=False, p=probs)]
+        for name in order:
+            result = OPERATORS[name].run(self, primary, partners, ())
+            if result is None:
+                continue
+            merged = {**meta, **result.meta, "fallback_from": source_op, "fallback_reason": reason}
+            if not OPERATORS[result.operator].needs_partner and "partner_ids" in meta:
+                merged["attempted_partner_ids"] = merged.pop("partner_ids")  # the child has one parent
+            return Edit(result.text, result.operator, merged, used_unsafe or result.used_unsafe)
+        return None
+
+    # -- helpers ----------------------------------------------------------------------
+    def _applicable(self, name: str, primary: Candidate, partners: Sequence[Candidate]) -> bool:
+        operator = OPERATORS[name]
+        if operator.uses_llm and self.engine is None:
+            return False
+        if operator.needs_partner:
+            return bool(partners)
+        return operator.applies(self, self.layout(primary))
+
+    def _feedback_by_parent(self, parents: Sequence[Candidate], feedback: Feedback
+                            ) -> dict[str, list[PublicText]]:
+        if isinstance(feedback, Mapping):
+            out = {}
+            for pid, items in feedback.items():
+                if isinstance(items, (str, Private)):
+                    raise TypeError(f"feedback[{pid!r}]: expected a sequence of PublicText, got one text")
+                out[pid] = [check_public(f, mode=self.mode, field_name=f"feedback[{pid!r}]") for f in items]
+            return out
+        if isinstance(feedback, (str, Private)):
+            raise TypeError("feedback: expected a sequence of PublicText, got a single text")
+        checked = [check_public(f, mode=self.mode, field_name="feedback") for f in feedback]
+        return {p.id: checked for p in parents}

@@ -1,0 +1,386 @@
+"""The DP-ES loop as a TextGrad optimizer.
+
+One ``step()`` is one :class:`~dp_textgrad.dp_es.generation.Generation`; this module
+adds what surrounds it: set-up, the checks before the first charge, checkpoints after
+every generation, stopping, and the final release. Budget first:
+:class:`DPEvolutionStrategy` calibrates a :class:`~dp_textgrad.dp_es.plan.RunPlan` from
+(epsilon, delta), and every charge at run time is a mechanism of that plan.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from dp_textgrad import runs
+from dp_textgrad._textgrad import import_textgrad
+from dp_textgrad.dp_es.config import ConfigError, DPESConfig, format_validation_error
+from dp_textgrad.dp_es.generation import Generation, no_shrinkage
+from dp_textgrad.dp_es.plan import RunPlan
+from dp_textgrad.dp_es.population import Candidate, PopulationManager
+from dp_textgrad.dp_es.preflight import PreflightError, length_tools, preflight
+from dp_textgrad.dp_es.reports import GenerationReport, GenerationTelemetry, RunResult, UsageMark
+from dp_textgrad.dp_es.scorer import DPScorer
+from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
+from dp_textgrad.privacy.noise import NoiseSource
+from dp_textgrad.tasks.base import ClassificationTask
+
+_tg = import_textgrad()
+Optimizer = _tg.optimizer.Optimizer
+
+StopCallback = Callable[[GenerationReport], bool]
+
+
+class EvolutionController(Optimizer):
+    """A TextGrad ``Optimizer`` running DP-ES on one prompt ``Variable`` under a given plan.
+
+    Build it through :class:`DPEvolutionStrategy`, which validates the configuration and
+    calibrates the plan from the budget.
+    """
+
+    def __init__(
+        self,
+        parameters: Sequence[Any],
+        *,
+        task: ClassificationTask,
+        engine: Any,
+        plan: RunPlan,
+        ledger: PrivacyLedger,
+        mutator: Any | None = None,
+        critique: Any | None = None,
+        checkpoint_dir: str | Path | None = None,
+        callbacks: Sequence[StopCallback] = (),
+    ) -> None:
+        parameters = list(parameters)
+        if len(parameters) != 1:
+            raise ConfigError("parameters: DP-ES optimizes exactly one prompt Variable; pass [prompt]")
+        super().__init__(parameters)
+        config = plan.config
+        self.variable = parameters[0]
+        self.engine = engine
+        self.plan = plan
+        self.config = config
+        self.ledger = ledger
+        self.run_dir = runs.RunDir(checkpoint_dir) if checkpoint_dir is not None else None
+        self.callbacks = list(callbacks)
+        self.generation = 0
+        self.history: list[GenerationReport] = []
+        self.telemetry: list[GenerationTelemetry] = []  # operator-only, see GenerationTelemetry
+        self.stopped_because: str | None = None
+        self._refused_epsilon = math.inf
+        self._preflight_done = False
+
+        # Two generators, never mixed: reproducible public choices vs DP randomness.
+        self.public_rng = np.random.default_rng(config.seed)
+        self.noise = NoiseSource(insecure_seed=config.insecure_noise_seed)
+        ledger.declare_noise(self.noise.sampler)
+        if self.run_dir is not None:
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+            ledger.persist_to(self.run_dir.ledger)  # from now on the ledger writes itself after every charge
+        # A public cap on record length, applied before anything is charged (see with_bounded_records).
+        self.task = task.with_bounded_records(*length_tools(engine), config.max_record_tokens, config.long_records)
+        self.parts = Generation.build(plan, self.task, engine, ledger, self.noise, self.public_rng,
+                                      dataset_size=self.public_dataset_size, mutator=mutator, critique=critique,
+                                      unsafe_examples=self._unsafe_examples() if config.mode == "unsafe" else ())
+        if config.mode == "unsafe" and not ledger.unsafe:
+            ledger.mark_unsafe("feedback mode 'unsafe': raw private examples reach the mutation LLM")
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def population(self) -> PopulationManager:
+        return self.parts.population
+
+    @property
+    def scorer(self) -> DPScorer:
+        return self.parts.scorer
+
+    @property
+    def mutation(self) -> Any:
+        return self.parts.mutator
+
+    @property
+    def critique(self) -> Any | None:
+        return self.parts.critique
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        return self.plan.noise_multiplier
+
+    @property
+    def selection_epsilon(self) -> float | None:
+        return self.plan.selection_epsilon
+
+    @property
+    def planned_private_evaluations(self) -> float:
+        """Expected record evaluations per generation, q N K: public (the realised count is not)."""
+        return float(self.config.sampling_rate) * self.public_dataset_size * self.config.population
+
+    @property
+    def public_dataset_size(self) -> int:
+        """N as released: the declared ``dataset_size`` (the record count when none was declared)."""
+        return int(self.config.dataset_size or len(self.task.private_train))
+
+    def _unsafe_examples(self) -> list[Any]:
+        # Unsafe mode is an explicit research baseline: the one place private text is unwrapped
+        # for the mutator, and the ledger says the run is NOT differentially private.
+        count = min(self.config.unsafe_examples, len(self.task.private_train))
+        picks = self.public_rng.choice(len(self.task.private_train), size=count, replace=False)
+        return [self.task.private_train[int(i)].unwrap() for i in picks]
+
+    # -- one generation -----------------------------------------------------------------
+    def initialise_population(self) -> None:
+        self.parts.initialise(str(self.variable.value))
+
+    def preflight(self) -> None:
+        """Check the engine and the longest allowed record on public text, before any charge."""
+        preflight(self.engine, self.task, str(self.variable.value), self.config.max_record_tokens)
+        self._preflight_done = True
+
+    def step(self) -> GenerationReport | None:
+        """Run one DP generation; write the current best prompt into the Variable.
+
+        Returns ``None`` (and sets ``stopped_because``) when the run is over.
+        """
+        if self.stopped_because is not None:
+            return None
+        if self.generation >= self.config.generations:
+            self.stopped_because = "all generations done"
+            return None
+        started, start = time.perf_counter(), UsageMark.of(self.engine)
+        if not self.population.candidates:
+            self.initialise_population()
+        if not self._preflight_done:
+            self.preflight()
+            # A checkpoint before the first charge: a run that fails in generation 0 can be resumed.
+            self._save_checkpoint()
+        t = self.generation
+        try:
+            outcome = self.parts.run(t, start)
+        except BudgetExceeded as exc:
+            self._refused_epsilon = exc.epsilon
+            self.stopped_because = f"budget exhausted: {exc}"
+            self._save_checkpoint()
+            return None
+        self.variable.set_value(outcome.best.text)
+        self.generation = t + 1
+        report = self._report(t, outcome.best, outcome.public_usage)
+        private = outcome.private_usage
+        telemetry = GenerationTelemetry(private.calls, private.prompt_tokens, private.completion_tokens,
+                                        seconds=time.perf_counter() - started)
+        self.history.append(report)
+        self.telemetry.append(telemetry)
+        self._save_checkpoint(report, telemetry)
+        if self.generation >= self.config.generations:
+            self.stopped_because = "all generations done"
+        elif any(callback(report) for callback in self.callbacks):
+            self.stopped_because = "stopped by callback"
+        return report
+
+    def _report(self, t: int, best: Candidate, public: UsageMark) -> GenerationReport:
+        shrunk = self.population.shrunk_estimates()
+        values = [v for v in shrunk.values() if math.isfinite(v)]
+        return GenerationReport(
+            generation=t,
+            best_candidate_id=best.id,
+            best_estimate=float(shrunk.get(best.id, float("nan"))),
+            mean_estimate=float(np.mean(values)) if values else float("nan"),
+            noise_std_estimate=float(best.estimate_std) if best.evaluations else float("nan"),
+            epsilon_spent=self.ledger.epsilon(),
+            epsilons=self.ledger.epsilons(),
+            public_calls=public.calls,
+            public_prompt_tokens=public.prompt_tokens,
+            public_completion_tokens=public.completion_tokens,
+            planned_private_evaluations=self.planned_private_evaluations,
+        )
+
+    # -- running to the end --------------------------------------------------------------
+    def run(self, progress: Callable[[GenerationReport], None] | None = None) -> RunResult:
+        while self.stopped_because is None:
+            report = self.step()
+            if report is not None and progress is not None:
+                progress(report)
+        return self.finalise()
+
+    def finalise(self) -> RunResult:
+        """Release the final prompt (free, or a charged selection on a fresh subsample)."""
+        if not self.history:
+            # Nothing DP was released, so there is no prompt to release either.
+            raise BudgetExceeded("generation 0", self._refused_epsilon, self.ledger.epsilon_budget, self.ledger.delta)
+        best = self._last_best()
+        final = self.plan.final(float(self.task.clip_bound))
+        if final is not None:
+            candidates = list(self.population.candidates)
+            try:
+                best = candidates[self.scorer.select(candidates, final, f"final release: {final.name}")[0]]
+            except BudgetExceeded:
+                pass  # the last generation's best stands; it was released already
+        self.variable.set_value(best.text)
+        estimate = self.population.shrunk_estimates().get(best.id)
+        return RunResult(
+            prompt=best.text,
+            candidate_id=best.id,
+            estimate=float(estimate) if estimate is not None and math.isfinite(estimate) else None,
+            epsilon=self.ledger.epsilon(),
+            delta=self.ledger.delta,
+            epsilons=self.ledger.epsilons(),
+            generations_run=self.generation,
+            stopped_because=self.stopped_because or "finalised early",
+            unsafe=self.ledger.unsafe,
+            history=list(self.history),
+            lineage=[c.to_dict() for c in self.population.lineage(best.id)],
+            noise=self.noise.sampler,
+            # From the history, so a resumed run counts the generations before the resume too.
+            public_usage={"calls": sum(h.public_calls for h in self.history),
+                          "prompt_tokens": sum(h.public_prompt_tokens for h in self.history),
+                          "completion_tokens": sum(h.public_completion_tokens for h in self.history)},
+            planned_private_evaluations=self.planned_private_evaluations,
+        )
+
+    def _last_best(self) -> Candidate:
+        if self.plan.strategy.releases_scores:
+            return self.population.best(1)[0]
+        best_id = self.history[-1].best_candidate_id  # a selection's ordered head, released then
+        for candidate in self.population.archive:
+            if candidate.id == best_id:
+                return candidate
+        return self.population.candidates[0]
+
+    def privacy_spent(self) -> dict[str, Any]:
+        """Epsilon under every accountant, the smallest (used), delta and the budget."""
+        return {
+            "epsilon": self.ledger.epsilon(),
+            "delta": self.ledger.delta,
+            "budget_epsilon": self.ledger.epsilon_budget,
+            "by_accountant": self.ledger.epsilons(),
+            "unsafe": self.ledger.unsafe,
+        }
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state(self) -> runs.RunState:
+        return runs.RunState(
+            generation=self.generation,
+            config=self.config.model_dump(),
+            plan_value=self.plan.value,
+            population=self.population.to_dict(),
+            public_rng_state=self.public_rng.bit_generator.state,
+            history=[h.as_dict() for h in self.history],
+            stopped_because=self.stopped_because,
+            variable_value=self.variable.value,
+        )
+
+    def _save_checkpoint(self, report: GenerationReport | None = None,
+                         telemetry: GenerationTelemetry | None = None) -> None:
+        if self.run_dir is None:
+            return
+        # The ledger is on disk already: it wrote itself at every charge, before any data was read.
+        if report is not None:
+            line = {**report.as_dict(), **(telemetry.as_dict() if telemetry is not None else {})}
+            runs.append_released_jsonl(self.run_dir.path, runs.METRICS_NAME, "metrics", line,
+                                       key={"generation": report.generation})
+        self.run_dir.write_state(self.state())
+
+    def _restore(self, state: runs.RunState) -> None:
+        self.generation = int(state.generation)
+        self.parts.population = PopulationManager.from_dict(
+            state.population, rng=self.public_rng, shrink=None if self.config.shrinkage else no_shrinkage)
+        self.public_rng.bit_generator.state = state.public_rng_state
+        self.history = [GenerationReport.from_dict(h) for h in state.history]
+        self.stopped_because = None
+        if state.variable_value is not None:
+            self.variable.set_value(state.variable_value)
+
+
+class DPEvolutionStrategy(EvolutionController):
+    """Differentially private evolution strategy over prompts (budget first).
+
+    Example::
+
+        prompt = tg.Variable("Classify the message.", role_description="system prompt", requires_grad=True)
+        opt = DPEvolutionStrategy([prompt], task=task, engine=engine, epsilon=4.0, delta=1e-5,
+                                  generations=6, population=6, parents=2)
+        for _ in range(opt.generations):
+            opt.step()
+        print(prompt.value, opt.privacy_spent())
+
+    The noise multiplier (Gaussian scores) or the per-pick epsilon (charged selections)
+    is calibrated so that the whole planned schedule spends at most ``(epsilon, delta)``
+    under the tightest valid accountant.
+    """
+
+    def __init__(
+        self,
+        parameters: Sequence[Any],
+        *,
+        task: ClassificationTask,
+        engine: Any,
+        config: DPESConfig | None = None,
+        checkpoint_dir: str | Path | None = None,
+        callbacks: Sequence[StopCallback] = (),
+        mutator: Any | None = None,
+        critique: Any | None = None,
+        ledger: PrivacyLedger | None = None,
+        plan: RunPlan | None = None,
+        **settings: Any,
+    ) -> None:
+        try:
+            base = config.model_copy(update=settings) if config is not None else DPESConfig(**settings)
+            if config is not None and settings:
+                base = DPESConfig(**base.model_dump())  # re-validate the merged settings
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+        if not isinstance(task, ClassificationTask):
+            raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
+        resolved = base.resolved(len(task.private_train))
+        if plan is None:
+            plan = RunPlan.calibrated(resolved)
+        elif plan.config != resolved:
+            raise ConfigError("plan: it was made for another configuration; omit it to calibrate this one")
+        if ledger is None:
+            ledger = PrivacyLedger(resolved.epsilon, resolved.delta)
+        if resolved.privacy == "off" and not ledger.unsafe:
+            ledger.mark_unsafe("privacy 'off': non-private baseline; exact scores on private data, no noise")
+        elif (ledger.epsilon_budget, ledger.delta) != (resolved.epsilon, resolved.delta):
+            raise ConfigError("ledger: its budget differs from the configuration's epsilon/delta")
+        super().__init__(parameters, task=task, engine=engine, plan=plan, ledger=ledger, mutator=mutator,
+                         critique=critique, checkpoint_dir=checkpoint_dir, callbacks=callbacks)
+
+    @property
+    def generations(self) -> int:
+        return self.config.generations
+
+    @classmethod
+    def resume(
+        cls,
+        checkpoint_dir: str | Path,
+        parameters: Sequence[Any],
+        *,
+        task: ClassificationTask,
+        engine: Any,
+        callbacks: Sequence[StopCallback] = (),
+        **kwargs: Any,
+    ) -> DPEvolutionStrategy:
+        """Continue a run from its checkpoint: the spent budget carries over, never resets,
+        and the calibrated plan is read back, never recalibrated."""
+        run_dir = runs.RunDir(checkpoint_dir)
+        try:
+            state = run_dir.read_state()
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        config = DPESConfig(**state.config)
+        # The ledger on disk is the truth about what was spent (it is written at every
+        # charge, so it can be ahead of the checkpoint): load it before anything else.
+        ledger = PrivacyLedger.from_jsonl(run_dir.ledger)
+        plan = RunPlan.with_value(config.resolved(len(task.private_train)), state.plan_value)
+        opt = cls(parameters, task=task, engine=engine, config=config, checkpoint_dir=run_dir.path,
+                  callbacks=callbacks, ledger=ledger, plan=plan, **kwargs)
+        opt._restore(state)
+        return opt
+
+
+__all__ = ["DPEvolutionStrategy", "EvolutionController", "PreflightError", "RunPlan", "StopCallback"]

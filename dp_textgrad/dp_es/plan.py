@@ -1,0 +1,128 @@
+"""The plan of a run: its calibrated parameter and the mechanisms each generation runs.
+
+The planner and the running generation ask the same question,
+``RunPlan.generation(t, ...)``, and get the same mechanism objects back; the event of the
+whole run is composed from those objects' own events. So the event that calibration
+fitted into (epsilon, delta) is, by construction, the sequence of events the ledger is
+charged at run time. Planning touches no data and imports no engine, task or textgrad.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import dp_accounting
+
+from dp_textgrad.dp_es.config import ConfigError, DPESConfig
+from dp_textgrad.dp_es.selector import GenerationMechanisms, SelectionStrategy, strategy_for
+from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier, calibrate_pure_epsilon
+from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
+from dp_textgrad.privacy.mechanisms import SelectionMechanism, selection_mechanism
+
+# Events do not depend on the clip bound or the population size (sensitivities are
+# normalised); the planner builds the mechanisms with these stand-ins.
+_PLAN_CLIP_BOUND = 1.0
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A resolved configuration and its calibrated parameter ``value``.
+
+    ``value`` is the noise multiplier z for Gaussian scoring or the per-pick epsilon0 for
+    a charged selection (whichever ``strategy.calibrates`` names); None when privacy is off.
+    """
+
+    config: DPESConfig
+    value: float | None
+
+    @property
+    def strategy(self) -> SelectionStrategy:
+        return strategy_for(self.config)
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        return self.value if self.strategy.calibrates == "noise_multiplier" else None
+
+    @property
+    def selection_epsilon(self) -> float | None:
+        return self.value if self.strategy.calibrates == "epsilon0" else None
+
+    # -- the mechanisms (asked by the planner and by the running generation alike) -------
+    def generation(self, t: int, num_candidates: int | None = None,
+                   clip_bound: float = _PLAN_CLIP_BOUND) -> GenerationMechanisms:
+        count = self.config.population if num_candidates is None else num_candidates
+        return self.strategy.mechanisms(self.config, self.value, t, count, clip_bound)
+
+    def final(self, clip_bound: float = _PLAN_CLIP_BOUND) -> SelectionMechanism | None:
+        """The charged release of the final prompt, or None when it is free ('last')."""
+        if self.config.final_selection == "last":
+            return None
+        return selection_mechanism(self.config.final_selection, self.config.final_epsilon, 1, clip_bound)
+
+    @property
+    def event(self) -> dp_accounting.DpEvent:
+        """The whole run: every generation's events, then the final release."""
+        if self.strategy.calibrates is None:
+            return dp_accounting.NonPrivateDpEvent()
+        q = float(self.config.sampling_rate)
+        runs: list[list] = []  # consecutive identical generations, self-composed (fast to account)
+        for t in range(self.config.generations):
+            parts = self.generation(t).events(q)
+            event = parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
+            if runs and runs[-1][0] == event:
+                runs[-1][1] += 1
+            else:
+                runs.append([event, 1])
+        events = [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count) for event, count in runs]
+        final = self.final()
+        if final is not None:
+            events.append(final.event(q))
+        return dp_accounting.ComposedDpEvent(events)
+
+    def describe(self) -> str:
+        return self.strategy.describe(self.value, self.config.parents)
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def with_value(cls, config: DPESConfig, value: float | None) -> RunPlan:
+        """The plan at a given parameter, without calibrating (resume, ``budget`` accounting)."""
+        return cls(config, value)
+
+    @classmethod
+    def calibrated(cls, config: DPESConfig) -> RunPlan:
+        """Calibrate the free parameter so the whole run fits (epsilon, delta).
+
+        Calibration takes seconds (many PLD evaluations) and depends only on the schedule,
+        so it is memoised per schedule within the process.
+        """
+        if strategy_for(config).calibrates is None:
+            return cls(config, None)
+        return cls(config, _calibrated_value(_schedule_key(config)))
+
+
+_SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", "sampling_rate", "selection",
+                    "final_selection", "final_epsilon", "feedback", "feedback_noise_ratio", "privacy")
+
+
+def _schedule_key(config: DPESConfig) -> tuple:
+    return tuple((name, getattr(config, name)) for name in _SCHEDULE_FIELDS)
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrated_value(key: tuple) -> float:
+    config = DPESConfig(**dict(key))
+    calibrate = calibrate_noise_multiplier if strategy_for(config).calibrates == "noise_multiplier" \
+        else calibrate_pure_epsilon
+    try:
+        return calibrate(lambda x: RunPlan(config, x).event, config.epsilon, config.delta)
+    except BudgetExceeded:
+        raise
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(
+            f"epsilon: cannot fit the planned schedule into epsilon={config.epsilon}, delta={config.delta} "
+            f"({exc}); raise epsilon or lower generations/final_epsilon"
+        ) from None
+
+
+__all__ = ["RunPlan"]

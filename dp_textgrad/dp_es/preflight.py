@@ -1,0 +1,59 @@
+"""Checks on public inputs before the first charge: the engine answers, a record fits.
+
+The probe is made only of public text (a run of the word "word" cut to the record-length
+cap), so any error it raises may be shown as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+class PreflightError(RuntimeError):
+    """The engine, the context window or the run directory failed a check on public inputs,
+    before anything was charged."""
+
+
+def length_tools(engine: Any) -> tuple[Callable[[str], int], Callable[[str, int], str]]:
+    """The engine's token counter and truncation; a byte-based estimate for engines without them."""
+    from dp_textgrad.engines.base import estimated_tokens, truncate_estimated
+
+    count = getattr(engine, "count_tokens", None)
+    truncate = getattr(engine, "truncate_to_tokens", None)
+    if callable(count) and callable(truncate):
+        return count, truncate
+    return estimated_tokens, truncate_estimated
+
+
+def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> None:
+    """Raise :class:`PreflightError` unless a record of ``max_record_tokens`` tokens after
+    ``prompt`` fits the engine's context and the engine scores a public probe sanely."""
+    count_tokens, truncate = length_tools(engine)
+    cap = max_record_tokens
+    probe = truncate(" ".join(["word"] * (2 * cap)), cap)
+    prefix = task.render_prefix(prompt)
+    context = getattr(engine, "context_tokens", None)
+    if context is not None:
+        longest_label = max(count_tokens(v) for v in task.verbalizers.values())
+        needed = count_tokens(prefix) + count_tokens(task.render_record(probe)) + longest_label + 1
+        if needed > context:
+            raise PreflightError(
+                f"preflight: a record of dp.max_record_tokens = {cap} tokens after the seed prompt needs about "
+                f"{needed} tokens but the engine's context holds {context}; lower dp.max_record_tokens or "
+                "raise the engine's context (n_ctx)"
+            )
+    choices = [task.verbalizers[label] for label in task.labels]
+    try:
+        scores = np.asarray(engine.score_choices_batch(prefix, [task.render_record(probe)], choices))
+    except Exception as exc:  # public probe: its error text holds no private data
+        raise PreflightError(f"preflight: the engine failed on a public probe before anything was charged "
+                             f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+    if scores.shape != (1, len(choices)) or not np.all(np.isfinite(scores)):
+        raise PreflightError("preflight: the engine returned malformed scores for a public probe "
+                             f"(shape {scores.shape}); check the engine")
+
+
+__all__ = ["PreflightError", "length_tools", "preflight"]

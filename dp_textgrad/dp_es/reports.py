@@ -1,0 +1,108 @@
+"""What a run reports: per-generation DP statistics, operator-only telemetry, the result.
+
+Every field of :class:`GenerationReport` and :class:`RunResult` is classified in
+:mod:`dp_textgrad.privacy.release`; private-phase usage and time live only in
+:class:`GenerationTelemetry`, which stays under the run's ``operator/`` folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GenerationReport:
+    """What one generation released: DP statistics, public parameters and public-phase costs.
+
+    This is what callbacks and progress displays receive (channel ``metrics``).
+    """
+
+    generation: int
+    best_candidate_id: str
+    best_estimate: float
+    mean_estimate: float
+    noise_std_estimate: float
+    epsilon_spent: float
+    epsilons: dict[str, float]
+    public_calls: int = 0
+    public_prompt_tokens: int = 0
+    public_completion_tokens: int = 0
+    planned_private_evaluations: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationReport:
+        """Tolerant of older checkpoints (their usage fields were private: they are dropped)."""
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class GenerationTelemetry:
+    """OPERATOR-ONLY: real usage and wall time of one generation, private phase included.
+
+    Functions of the secret subsample (|B_t|, the length of the records in it): never
+    released. Runs keep it under ``operator/``.
+    """
+
+    private_calls: int
+    private_prompt_tokens: int
+    private_completion_tokens: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class UsageMark:
+    """An engine's cumulative usage at one moment; differences measure a phase."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def of(cls, engine: Any) -> UsageMark:
+        usage = getattr(engine, "usage", None)
+        return cls(int(getattr(usage, "calls", 0)), int(getattr(usage, "prompt_tokens", 0)),
+                   int(getattr(usage, "completion_tokens", 0)))
+
+    def __sub__(self, other: UsageMark) -> UsageMark:
+        return UsageMark(self.calls - other.calls, self.prompt_tokens - other.prompt_tokens,
+                         self.completion_tokens - other.completion_tokens)
+
+    def __add__(self, other: UsageMark) -> UsageMark:
+        return UsageMark(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
+                         self.completion_tokens + other.completion_tokens)
+
+
+@dataclass
+class RunResult:
+    """The released prompt with its guarantee and the run's public history."""
+
+    prompt: str
+    candidate_id: str
+    estimate: float | None
+    epsilon: float
+    delta: float
+    epsilons: dict[str, float]
+    generations_run: int
+    stopped_because: str
+    unsafe: bool
+    history: list[GenerationReport] = field(default_factory=list)
+    lineage: list[dict[str, Any]] = field(default_factory=list)
+    noise: str | None = None
+    public_usage: dict[str, int] = field(default_factory=dict)
+    planned_private_evaluations: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["history"] = [h.as_dict() for h in self.history]
+        return out
+
+
+__all__ = ["GenerationReport", "GenerationTelemetry", "RunResult", "UsageMark"]
