@@ -8,21 +8,29 @@ configuration, 130 interrupted (the run stops after a clean checkpoint; resume i
 
 from __future__ import annotations
 
-import difflib
 import math
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 from rich.console import Console
 
 from dp_textgrad import runs
 from dp_textgrad.dp_es.config import DPESConfig
+from dp_textgrad.progress import GracefulStop, StopAfterCheckpoint, print_outcome, run_with_progress
+from dp_textgrad.settings import (
+    DEFAULT_FILE_SEED_PROMPT,
+    EngineSection,
+    OptimizeSettings,
+    OutputSection,
+    TaskSection,
+    supports_feedback,
+    build_settings,
+    read_config_file,
+)
 
 # Tracebacks (--debug) never show local variables: they would print raw private records.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -79,184 +87,6 @@ def _config_from(settings: dict[str, Any]):
         raise ConfigError(format_validation_error(exc)) from None
 
 
-# -- the configuration file of `optimize` (pydantic at the edge) ------------------------------
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-DEFAULT_FILE_SEED_PROMPT = "Read the text and name its label."
-
-
-class TaskSection(_Section):
-    """Either a built-in task (``name``) or the user's files (``train`` + ``test``)."""
-
-    name: Optional[Literal["support", "sst2", "banking77"]] = Field(
-        None, description="built-in task; its builder's arguments go in `options`")
-    train: Optional[Path] = Field(None, description="private training file (.csv, .tsv or .jsonl)")
-    test: Optional[Path] = Field(None, description="test file (evaluation only; its labels define the classes)")
-    public: Optional[Path] = Field(None, description="public examples that may be shown to the LLM")
-    text_column: str = "text"
-    label_column: str = "label"
-    labels: Optional[list[str]] = Field(None, description="the classes (default: the labels of the test file)")
-    description: str = Field("", description="public description of the task, shown to the mutation LLM")
-    record_template: Optional[str] = Field(None, description="how a record is shown, with {text}")
-    seed_prompt: Optional[str] = Field(None, description="the prompt evolution starts from "
-                                       f"(files: default {DEFAULT_FILE_SEED_PROMPT!r})")
-    options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the task builder")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "TaskSection":
-        files = {k: getattr(self, k) for k in ("train", "test", "public") if getattr(self, k) is not None}
-        if self.name is not None and files:
-            raise ValueError(f"give either name or train/test files, not both (got name and {', '.join(files)})")
-        if self.name is None and (self.train is None or self.test is None):
-            raise ValueError("give name (support, sst2, banking77) or both train and test files")
-        return self
-
-    def display_name(self) -> str:
-        return self.name if self.name is not None else f"custom ({Path(self.train).name})"
-
-
-class EngineSection(_Section):
-    kind: Literal["llama_cpp", "openai", "transformers"] = Field(
-        "llama_cpp",
-        description="llama_cpp (embedded local model), openai (any OpenAI-compatible server), transformers")
-    model: Optional[str] = Field(
-        None, description="GGUF path (llama_cpp), model name (openai), name or path (transformers)")
-    base_url: Optional[str] = Field(None, description="openai only: e.g. http://127.0.0.1:8080/v1")
-    mode: Optional[Literal["chat", "completions"]] = Field(None, description="openai only")
-    options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the engine")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "EngineSection":
-        if self.kind != "openai":
-            for key in ("base_url", "mode"):
-                if getattr(self, key) is not None:
-                    raise ValueError(f"{key} applies only to kind: openai (kind is {self.kind})")
-        if self.kind == "openai" and not self.model:
-            raise ValueError("model: kind openai needs a model name (e.g. model: gpt-4o-mini)")
-        if "api_key" in self.options:
-            # Settings are saved in the run directory: keys belong in the environment.
-            raise ValueError("options.api_key: do not put keys in configuration files; set OPENAI_API_KEY")
-        return self
-
-
-class OutputSection(_Section):
-    runs_root: Path = Field(Path("runs"), description="where run directories are created")
-    evaluate: bool = Field(True, description="report test accuracy of the seed and released prompts (not DP)")
-
-
-class OptimizeSettings(_Section):
-    """The whole configuration file of ``dp-textgrad optimize``."""
-
-    task: TaskSection = Field(default_factory=lambda: TaskSection(name="support"))
-    engine: EngineSection = Field(default_factory=EngineSection)
-    dp: DPESConfig = Field(default_factory=DPESConfig)
-    output: OutputSection = Field(default_factory=OutputSection)
-
-
-def _known_keys(loc: tuple[Any, ...]) -> list[str]:
-    model: Any = OptimizeSettings
-    for part in loc[:-1]:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        model = field.annotation if field is not None else None
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return []
-    return list(model.model_fields)
-
-
-def format_settings_error(error: ValidationError) -> str:
-    """One clause per problem, naming the key; unknown keys get a spelling suggestion."""
-    parts = []
-    for item in error.errors():
-        loc = tuple(item.get("loc", ()))
-        where = ".".join(str(x) for x in loc) or "config"
-        if item.get("type") == "extra_forbidden":
-            known = _known_keys(loc)
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else (f"; known keys: {', '.join(known)}" if known else "")
-            parts.append(f"{where}: unknown key{hint}")
-        else:
-            message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
-            parts.append(f"{where}: {message}")
-    return "config: " + "; ".join(parts)
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The raw mapping of a YAML or TOML file; relative task paths are made relative to the file."""
-    if not path.is_file():
-        raise FileNotFoundError(f"config: no file at {path}")
-    suffix = path.suffix.lower()
-    try:
-        if suffix in (".yaml", ".yml"):
-            import yaml
-
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        elif suffix == ".toml":
-            import tomllib
-
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        else:
-            raise ValueError(f"config: use a .yaml, .yml or .toml file, got {path.name}")
-    except ValueError:
-        raise
-    except Exception as exc:  # yaml.YAMLError has no common base with tomllib.TOMLDecodeError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"config: {path.name} is not valid {suffix.lstrip('.').upper()}: {first}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"config: {path.name} must hold a mapping of sections (task, engine, dp, output)")
-    task = raw.get("task")
-    if isinstance(task, dict):
-        for key in ("train", "test", "public"):
-            value = task.get(key)
-            if isinstance(value, str) and not Path(value).is_absolute():
-                task[key] = str((path.parent / value).resolve())
-    return raw
-
-
-def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> OptimizeSettings:
-    """Merge flag overrides (section -> key -> value, None = not given) into the file, then validate once."""
-    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    for section, values in overrides.items():
-        given = {k: v for k, v in values.items() if v is not None}
-        if not given:
-            continue
-        current = merged.get(section)
-        current = dict(current) if isinstance(current, dict) else {}
-        if section == "task":
-            # A flag naming the task replaces the file's choice of source.
-            if "name" in given:
-                for key in ("train", "test", "public"):
-                    current.pop(key, None)
-            if "train" in given or "test" in given:
-                current.pop("name", None)
-        if section == "engine" and "kind" in given and given["kind"] != current.get("kind"):
-            # Options of another engine kind do not carry over.
-            for key in ("base_url", "mode", "options", "model"):
-                current.pop(key, None)
-        current.update(given)
-        merged[section] = current
-    dp = merged.get("dp")
-    if isinstance(dp, dict) and "feedback" not in dp and not _supports_feedback(dp.get("selection", "gaussian")):
-        # DP feedback rides on the Gaussian scores; a charged selection has none unless asked.
-        merged["dp"] = {**dp, "feedback": "none"}
-    try:
-        return OptimizeSettings(**merged)
-    except ValidationError as exc:
-        from dp_textgrad.dp_es.config import ConfigError
-
-        raise ConfigError(format_settings_error(exc)) from None
-
-
-def _supports_feedback(selection: Any) -> bool:
-    from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
-
-    strategy = SELECTION_STRATEGIES.get(selection) if isinstance(selection, str) else None
-    return strategy is None or strategy.supports_feedback  # an unknown name fails validation later
-
-
 # -- building the task and the engine ------------------------------------------------------
 def build_task(section: TaskSection):
     options = dict(section.options)
@@ -298,131 +128,6 @@ def make_engine(section: EngineSection):
         raise ValueError(f"engine.options: not accepted by the {section.kind} engine ({exc})") from None
 
 
-# -- running with progress, and stopping cleanly on Ctrl-C ------------------------------------
-class _StopAfterCheckpoint(Exception):
-    """Raised after a generation's checkpoint when the user pressed Ctrl-C."""
-
-
-class _GracefulStop:
-    """First Ctrl-C: finish the current generation (its checkpoint), then stop. Second: stop now."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-        self._installed = False
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        typer.echo("\nstopping after this generation's checkpoint (Ctrl-C again to stop at once)", err=True)
-
-    def __enter__(self) -> "_GracefulStop":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
-
-
-def _run_with_progress(task, engine, config, *, task_name: str, engine_name: str, runs_root: Path,
-                       run_dir: Optional[Path] = None, resume: bool = False, evaluate: bool = True,
-                       stop: Optional[_GracefulStop] = None):
-    from rich.progress import BarColumn, Progress, TextColumn
-
-    from dp_textgrad import workflow
-
-    # Release-safe fields only: no wall time and no private-phase tokens (both time the secret
-    # subsample); the public-phase tokens are shown instead.
-    progress = Progress(
-        TextColumn("[bold]generation {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("best {task.fields[best]}  eps {task.fields[eps]}  public tokens {task.fields[tokens]}"),
-        console=console,
-        transient=False,
-    )
-    holder: dict[str, Any] = {}
-
-    def on_start(optimizer) -> None:
-        cfg = optimizer.config
-        holder["generations"] = cfg.generations
-        holder["epsilon"] = cfg.epsilon
-        mech = optimizer.plan.describe()
-        resumed = f" Resuming at generation {optimizer.generation}." if resume else ""
-        console.print(
-            f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
-            f"({cfg.generations} generations x {cfg.population} candidates, q = {cfg.sampling_rate:.4f}, "
-            f"about {cfg.sampling_rate * optimizer.public_dataset_size:.0f} of N = {optimizer.public_dataset_size} "
-            "private records (N is public) "
-            f"per generation).{resumed}\n[bold]Mechanism[/]: {mech}."
-        )
-        console.print(f"[bold]Records[/]: private records longer than {cfg.max_record_tokens} engine tokens are "
-                      + ("truncated to that public cap (a per-record map, applied before any charge)."
-                         if cfg.long_records == "truncate" else "rejected before any charge."))
-        if not optimizer.noise.secure:
-            console.print(f"[bold red]{optimizer.noise.sampler}.[/]", markup=True, highlight=False)
-        if cfg.privacy == "off":
-            console.print("[bold red]privacy off: a non-private baseline. NOT differentially private.[/]")
-        if cfg.mode == "unsafe":
-            console.print("[bold red]UNSAFE mode: raw private examples reach the mutator. NOT differentially private.[/]")
-        holder["task"] = progress.add_task("dp-es", total=cfg.generations, completed=optimizer.generation,
-                                           best="-", eps="0", tokens=0)
-        if console.is_terminal:  # a live bar; elsewhere (logs, nohup) one plain line per generation
-            progress.start()
-
-    def on_generation(report) -> None:
-        holder["public_tokens"] = (holder.get("public_tokens", 0) + report.public_prompt_tokens
-                                   + report.public_completion_tokens)
-        progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
-                        eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}", tokens=holder["public_tokens"])
-        if not console.is_terminal:
-            console.print(f"generation {report.generation + 1}/{holder['generations']}: best estimate "
-                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g} of "
-                          f"{holder['epsilon']:g}, public tokens {holder['public_tokens']}",
-                          markup=False, highlight=False)
-        # The checkpoint of this generation is on disk now; after the last one, just finish.
-        if stop is not None and stop.requested and report.generation + 1 < holder["generations"]:
-            raise _StopAfterCheckpoint
-
-    try:
-        return workflow.run(task, engine, config, runs_root=runs_root, run_dir=run_dir, resume=resume,
-                            evaluate=evaluate, on_start=on_start, on_generation=on_generation,
-                            task_name=task_name, engine_name=engine_name)
-    finally:
-        progress.stop()
-
-
-def _print_outcome(outcome) -> None:
-    result = outcome.result
-    console.print("\n[bold]Released prompt[/]:")
-    console.print(result.prompt, markup=False, highlight=False)
-    if result.unsafe:
-        console.print("[bold red]Privacy: NOT differentially private (unsafe mode).[/]")
-    else:
-        by = ", ".join(f"{k} {v:.3g}" for k, v in sorted(result.epsilons.items()) if math.isfinite(v))
-        console.print(f"[bold]Privacy spent[/]: epsilon = {result.epsilon:.4g}, delta = {result.delta:.2e} "
-                      f"(smallest valid bound; {by})")
-    if outcome.evaluation is not None:
-        ev = outcome.evaluation
-        paired = ""
-        if ev.difference is not None:
-            paired = (f"; difference {ev.difference:+.3f} [95% CI {ev.difference_low:+.3f}, {ev.difference_high:+.3f}], "
-                      f"McNemar p = {ev.mcnemar_p:.2g}")
-        console.print(f"[bold]Test accuracy[/] (n={ev.n_test}, not covered by DP): seed {ev.seed_accuracy:.3f} -> "
-                      f"released {ev.released_accuracy:.3f}{paired}", soft_wrap=True)
-    usage = result.public_usage
-    console.print(f"[bold]Cost[/] (public figures): {result.generations_run} generations x about "
-                  f"{result.planned_private_evaluations:.0f} planned private record evaluations; public phase "
-                  f"(mutation, critiques, preflight) {usage.get('calls', 0)} calls, "
-                  f"{usage.get('prompt_tokens', 0) + usage.get('completion_tokens', 0)} tokens. The real private-phase "
-                  "usage and time are operator-only (operator/ in the run directory: do not share).", soft_wrap=True)
-    console.print(f"[bold]Run directory[/]: {outcome.run_dir}\n[bold]Report[/]: {outcome.run_dir / 'report.html'} "
-                  "(and report.md)", soft_wrap=True)
-
-
 def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -> Any:
     """Run ``action`` and turn its failures into one line and an exit code."""
     from dp_textgrad.privacy.data import PrivateScoringError
@@ -430,7 +135,7 @@ def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -
 
     try:
         return action()
-    except (KeyboardInterrupt, _StopAfterCheckpoint):
+    except (KeyboardInterrupt, StopAfterCheckpoint):
         directory = run_dir()
         if directory is not None and runs.RunDir(directory).checkpoint.exists():
             typer.echo(f"interrupted: checkpoint saved; resume with `dp-textgrad optimize --resume {directory}`",
@@ -494,12 +199,12 @@ def demo(
             task=TaskSection(name="support", options=dict(seed=seed, n_private=n_private, n_test=n_test)),
             engine=EngineSection(kind="llama_cpp"), dp=config, output=OutputSection(runs_root=runs_root))
         holder["dir"] = _start_run_dir(runs_root, settings)
-        with _GracefulStop() as stop:
-            return _run_with_progress(task, engine, config, task_name="support (built-in)",
+        with GracefulStop() as stop:
+            return run_with_progress(console, task, engine, config, task_name="support (built-in)",
                                       engine_name=engine.model_string, runs_root=runs_root,
                                       run_dir=holder["dir"], stop=stop)
 
-    _print_outcome(_guarded(action, lambda: holder.get("dir")))
+    print_outcome(console, _guarded(action, lambda: holder.get("dir")))
 
 
 _RESUME_FIXED = ("config", "epsilon", "delta", "generations", "population", "parents", "sampling_rate",
@@ -573,14 +278,14 @@ def optimize(
         the_engine = make_engine(settings.engine)
         if directory is None:
             directory = holder["dir"] = _start_run_dir(settings.output.runs_root, settings)
-        with _GracefulStop() as stop:
-            return _run_with_progress(
+        with GracefulStop() as stop:
+            return run_with_progress(console, 
                 the_task, the_engine, settings.dp, task_name=settings.task.display_name(),
                 engine_name=str(getattr(the_engine, "model_string", settings.engine.kind)),
                 runs_root=settings.output.runs_root, run_dir=directory, resume=resume is not None,
                 evaluate=settings.output.evaluate, stop=stop)
 
-    _print_outcome(_guarded(action, lambda: holder.get("dir")))
+    print_outcome(console, _guarded(action, lambda: holder.get("dir")))
 
 
 @app.command()
@@ -610,7 +315,7 @@ def budget(
             if value is not None and (not math.isfinite(value) or value <= 0):
                 raise ValueError(f"{name}: must be a finite number > 0, got {value}")
         if feedback is None:
-            feedback = "dp_confusion" if _supports_feedback(selection) else "none"
+            feedback = "dp_confusion" if supports_feedback(selection) else "none"
         config = _config_from(dict(epsilon=epsilon if epsilon is not None else 1.0, delta=delta,
                                    generations=generations, population=population, parents=parents,
                                    sampling_rate=sampling_rate, selection=selection, feedback=feedback))

@@ -12,9 +12,20 @@ Modules, bottom up:
 - ``critique``: :class:`CritiquePipeline`, LLM advice per parent.
 """
 
-from dp_textgrad.dp_es.mutation.barrier import Feedback, Mode, Scaffold, build_llm_prompt, candidate_text, check_public
+from dp_textgrad.dp_es.mutation.barrier import (
+    Feedback,
+    Scaffold,
+    build_llm_prompt,
+    candidate_text,
+    check_public,
+)
 from dp_textgrad.dp_es.mutation.critique import CritiquePipeline, extract_critique
-from dp_textgrad.dp_es.mutation.feedback import FeedbackSanitiser, render_confusion, scrub_pii, truncate_text
+from dp_textgrad.dp_es.mutation.feedback import (
+    FeedbackSanitiser,
+    render_confusion,
+    scrub_pii,
+    truncate_text,
+)
 from dp_textgrad.dp_es.mutation.mutator import Mutator
 from dp_textgrad.dp_es.mutation.operators import (
     DEFAULT_WEIGHTS,
@@ -36,7 +47,7 @@ from dp_textgrad.dp_es.mutation.text_edits import (
 
 __all__ = [
     "DEFAULT_WEIGHTS", "LLM_OPERATORS", "NO_LLM_WEIGHTS", "OPERATORS", "PROMPT_CLOSE", "PROMPT_OPEN",
-    "RULE_OPERATORS", "CritiquePipeline", "Feedback", "FeedbackSanitiser", "Mode", "Mutator", "Operator",
+    "RULE_OPERATORS", "CritiquePipeline", "Feedback", "FeedbackSanitiser", "Mutator", "Operator",
     "PromptLayout", "Scaffold", "build_llm_prompt", "candidate_text", "check_public", "extract_critique",
     "extract_prompt", "is_degenerate", "parse_layout", "render_confusion", "scrub_pii", "split_sentences",
     "truncate_text",

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
+from dp_textgrad.dp_es.config import FeedbackMode
 from dp_textgrad.dp_es.population import Candidate
-from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
+from dp_textgrad.privacy.data import (
+    Private,
+    PrivateBatch,
+    PrivateDataError,
+    PrivateDataset,
+    PublicText,
+)
 
-Mode = Literal["public", "unsafe"]
 # Feedback for all parents, or parent id -> that parent's feedback.
 Feedback = Sequence[PublicText] | Mapping[str, Sequence[PublicText]]
 
@@ -43,7 +48,7 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"mode: use 'public' or 'unsafe', got {mode!r}")
 
 
-def check_public(value: object, *, mode: Mode, field_name: str = "text") -> PublicText:
+def check_public(value: object, *, mode: FeedbackMode, field_name: str = "text") -> PublicText:
     """Return ``value`` if it may reach a mutation LLM in ``mode``; raise PrivateDataError otherwise."""
     if isinstance(value, (Private, PrivateDataset, PrivateBatch)):
         raise PrivateDataError(f"{field_name}: private data cannot be put into a mutation prompt")
@@ -65,7 +70,7 @@ def candidate_text(candidate: Candidate) -> PublicText:
     return PublicText(candidate.text, "unsafe" if candidate.unsafe else "candidate")
 
 
-def build_llm_prompt(parts: Sequence[Scaffold | PublicText], *, mode: Mode) -> str:
+def build_llm_prompt(parts: Sequence[Scaffold | PublicText], *, mode: FeedbackMode) -> str:
     """The ONLY way to assemble text for a mutation or critique LLM call."""
     check_mode(mode)
     pieces: list[str] = []

@@ -19,8 +19,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from dp_textgrad.dp_es.mutation.barrier import Mode, check_mode
-from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
+from dp_textgrad.dp_es.mutation.barrier import FeedbackMode, check_mode
+from dp_textgrad.privacy.data import (
+    Private,
+    PrivateBatch,
+    PrivateDataError,
+    PrivateDataset,
+    PublicText,
+)
 
 PUBLIC_FEEDBACK_SOURCES = frozenset({"dp", "llm", "phrase_bank", "user", "public_example", "candidate"})
 
@@ -93,7 +99,7 @@ class FeedbackSanitiser:
     This is NOT a privacy mechanism and is never counted as one.
     """
 
-    def __init__(self, max_chars: int = 300, *, mode: Mode = "public",
+    def __init__(self, max_chars: int = 300, *, mode: FeedbackMode = "public",
                  allowed_sources: Iterable[str] | None = None, keep_terms: Iterable[str] = (),
                  min_chars: int = 3) -> None:
         check_mode(mode)

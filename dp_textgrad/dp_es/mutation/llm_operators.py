@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dp_textgrad.dp_es.mutation.barrier import Scaffold, build_llm_prompt, candidate_text, oneline
+from dp_textgrad.dp_es.mutation.barrier import (
+    Scaffold,
+    build_llm_prompt,
+    candidate_text,
+    oneline,
+)
 from dp_textgrad.dp_es.mutation.phrase_bank import (
     CROSSOVER_EXAMPLES,
     FORMAT_INSTRUCTIONS,

@@ -15,12 +15,36 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dp_textgrad.dp_es.mutation.barrier import Feedback, Mode, candidate_text, check_mode, check_public
-from dp_textgrad.dp_es.mutation.operators import DEFAULT_WEIGHTS, OPERATORS, RULE_OPERATORS
-from dp_textgrad.dp_es.mutation.phrase_bank import FORMAT_INSTRUCTIONS, INSTRUCTION_PHRASES
-from dp_textgrad.dp_es.mutation.text_edits import Edit, PromptLayout, norm_block, parse_layout
+from dp_textgrad.dp_es.mutation.barrier import (
+    Feedback,
+    FeedbackMode,
+    candidate_text,
+    check_mode,
+    check_public,
+)
+from dp_textgrad.dp_es.mutation.operators import (
+    DEFAULT_WEIGHTS,
+    OPERATORS,
+    RULE_OPERATORS,
+)
+from dp_textgrad.dp_es.mutation.phrase_bank import (
+    FORMAT_INSTRUCTIONS,
+    INSTRUCTION_PHRASES,
+)
+from dp_textgrad.dp_es.mutation.text_edits import (
+    Edit,
+    PromptLayout,
+    norm_block,
+    parse_layout,
+)
 from dp_textgrad.dp_es.population import Candidate, normalise_text
-from dp_textgrad.privacy.data import Private, PrivateBatch, PrivateDataError, PrivateDataset, PublicText
+from dp_textgrad.privacy.data import (
+    Private,
+    PrivateBatch,
+    PrivateDataError,
+    PrivateDataset,
+    PublicText,
+)
 from dp_textgrad.tasks.base import Example
 
 if TYPE_CHECKING:
@@ -49,7 +73,7 @@ class Mutator:
         labels: Sequence[str],
         public_examples: Sequence[Example],
         rng: np.random.Generator,
-        mode: Mode = "public",
+        mode: FeedbackMode = "public",
         render_demo: Callable[[Example], str] | None = None,
         *,
         unsafe_examples: Sequence[Example] = (),
@@ -63,7 +87,7 @@ class Mutator:
         max_tokens: int = 120,
     ) -> None:
         check_mode(mode)
-        self.mode: Mode = mode
+        self.mode: FeedbackMode = mode
         self.task_description = check_public(task_description, mode=mode, field_name="task_description")
         if len(labels) < 2:
             raise ValueError("labels: give the public label names (at least two)")

@@ -1,0 +1,141 @@
+"""What ``dp-textgrad optimize`` and ``demo`` show while a run goes, and after it.
+
+Release-safe values only: DP estimates, epsilon, public parameters and public-phase
+tokens. No wall time and no private-phase usage (both are functions of the secret
+subsample). Ctrl-C once finishes the current generation's checkpoint, then stops.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+
+class StopAfterCheckpoint(Exception):
+    """Raised after a generation's checkpoint when the user pressed Ctrl-C."""
+
+
+class GracefulStop:
+    """First Ctrl-C: finish the current generation (its checkpoint), then stop. Second: stop now."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        self._installed = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        typer.echo("\nstopping after this generation's checkpoint (Ctrl-C again to stop at once)", err=True)
+
+    def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def run_with_progress(console: Console, task, engine, config, *, task_name: str, engine_name: str, runs_root: Path,
+                       run_dir: Optional[Path] = None, resume: bool = False, evaluate: bool = True,
+                       stop: Optional[GracefulStop] = None):
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from dp_textgrad import workflow
+
+    # Release-safe fields only: no wall time and no private-phase tokens (both time the secret
+    # subsample); the public-phase tokens are shown instead.
+    progress = Progress(
+        TextColumn("[bold]generation {task.completed}/{task.total}"),
+        BarColumn(),
+        TextColumn("best {task.fields[best]}  eps {task.fields[eps]}  public tokens {task.fields[tokens]}"),
+        console=console,
+        transient=False,
+    )
+    holder: dict[str, Any] = {}
+
+    def on_start(optimizer) -> None:
+        cfg = optimizer.config
+        holder["generations"] = cfg.generations
+        holder["epsilon"] = cfg.epsilon
+        mech = optimizer.plan.describe()
+        resumed = f" Resuming at generation {optimizer.generation}." if resume else ""
+        console.print(
+            f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
+            f"({cfg.generations} generations x {cfg.population} candidates, q = {cfg.sampling_rate:.4f}, "
+            f"about {cfg.sampling_rate * optimizer.public_dataset_size:.0f} of N = {optimizer.public_dataset_size} "
+            "private records (N is public) "
+            f"per generation).{resumed}\n[bold]Mechanism[/]: {mech}."
+        )
+        console.print(f"[bold]Records[/]: private records longer than {cfg.max_record_tokens} engine tokens are "
+                      + ("truncated to that public cap (a per-record map, applied before any charge)."
+                         if cfg.long_records == "truncate" else "rejected before any charge."))
+        if not optimizer.noise.secure:
+            console.print(f"[bold red]{optimizer.noise.sampler}.[/]", markup=True, highlight=False)
+        if cfg.privacy == "off":
+            console.print("[bold red]privacy off: a non-private baseline. NOT differentially private.[/]")
+        if cfg.mode == "unsafe":
+            console.print("[bold red]UNSAFE mode: raw private examples reach the mutator. NOT differentially private.[/]")
+        holder["task"] = progress.add_task("dp-es", total=cfg.generations, completed=optimizer.generation,
+                                           best="-", eps="0", tokens=0)
+        if console.is_terminal:  # a live bar; elsewhere (logs, nohup) one plain line per generation
+            progress.start()
+
+    def on_generation(report) -> None:
+        holder["public_tokens"] = (holder.get("public_tokens", 0) + report.public_prompt_tokens
+                                   + report.public_completion_tokens)
+        progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
+                        eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}", tokens=holder["public_tokens"])
+        if not console.is_terminal:
+            console.print(f"generation {report.generation + 1}/{holder['generations']}: best estimate "
+                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g} of "
+                          f"{holder['epsilon']:g}, public tokens {holder['public_tokens']}",
+                          markup=False, highlight=False)
+        # The checkpoint of this generation is on disk now; after the last one, just finish.
+        if stop is not None and stop.requested and report.generation + 1 < holder["generations"]:
+            raise StopAfterCheckpoint
+
+    try:
+        return workflow.run(task, engine, config, runs_root=runs_root, run_dir=run_dir, resume=resume,
+                            evaluate=evaluate, on_start=on_start, on_generation=on_generation,
+                            task_name=task_name, engine_name=engine_name)
+    finally:
+        progress.stop()
+
+
+def print_outcome(console: Console, outcome) -> None:
+    result = outcome.result
+    console.print("\n[bold]Released prompt[/]:")
+    console.print(result.prompt, markup=False, highlight=False)
+    if result.unsafe:
+        console.print("[bold red]Privacy: NOT differentially private (unsafe mode).[/]")
+    else:
+        by = ", ".join(f"{k} {v:.3g}" for k, v in sorted(result.epsilons.items()) if math.isfinite(v))
+        console.print(f"[bold]Privacy spent[/]: epsilon = {result.epsilon:.4g}, delta = {result.delta:.2e} "
+                      f"(smallest valid bound; {by})")
+    if outcome.evaluation is not None:
+        ev = outcome.evaluation
+        paired = ""
+        if ev.difference is not None:
+            paired = (f"; difference {ev.difference:+.3f} [95% CI {ev.difference_low:+.3f}, {ev.difference_high:+.3f}], "
+                      f"McNemar p = {ev.mcnemar_p:.2g}")
+        console.print(f"[bold]Test accuracy[/] (n={ev.n_test}, not covered by DP): seed {ev.seed_accuracy:.3f} -> "
+                      f"released {ev.released_accuracy:.3f}{paired}", soft_wrap=True)
+    usage = result.public_usage
+    console.print(f"[bold]Cost[/] (public figures): {result.generations_run} generations x about "
+                  f"{result.planned_private_evaluations:.0f} planned private record evaluations; public phase "
+                  f"(mutation, critiques, preflight) {usage.get('calls', 0)} calls, "
+                  f"{usage.get('prompt_tokens', 0) + usage.get('completion_tokens', 0)} tokens. The real private-phase "
+                  "usage and time are operator-only (operator/ in the run directory: do not share).", soft_wrap=True)
+    console.print(f"[bold]Run directory[/]: {outcome.run_dir}\n[bold]Report[/]: {outcome.run_dir / 'report.html'} "
+                  "(and report.md)", soft_wrap=True)
