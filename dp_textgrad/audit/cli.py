@@ -178,7 +178,7 @@ def canaries(
         options = CanaryAuditOptions(warn_share=max_share, max_share=max_share, n_exposure_references=references,
                                      alpha=alpha)
     except ValidationError as exc:
-        from dp_textgrad.dp_es.controller import format_validation_error
+        from dp_textgrad.dp_es.config import format_validation_error
 
         _bad_input(format_validation_error(exc))
     except ValueError as exc:

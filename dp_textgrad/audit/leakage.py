@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dp_textgrad.audit.canaries import Canary, CanarySet
+from dp_textgrad.audit._asdict import AsDict
+from dp_textgrad.audit.canary_set import Canary, CanarySet
 from dp_textgrad.tasks.base import ClassificationTask
 
 if TYPE_CHECKING:
@@ -294,7 +295,7 @@ def exposure(engine: "Engine", task: ClassificationTask, prompt: str, canary_set
 
 
 @dataclass(frozen=True)
-class LeakageReport:
+class LeakageReport(AsDict):
     prompt: PromptLeakage
     extraction: ExtractionResult | None = None
     top_k: tuple[TopKHitRate, ...] = ()
@@ -304,9 +305,6 @@ class LeakageReport:
     def mean_exposure(self, included: bool | None = None) -> float | None:
         values = [e.exposure for e in self.exposures if included is None or e.included == included]
         return float(np.mean(values)) if values else None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def leakage_report(engine: "Engine | None", task: ClassificationTask, prompt: str, canary_set: CanarySet, *,

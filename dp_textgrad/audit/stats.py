@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 from scipy import stats as sps
 from sklearn.metrics import average_precision_score, roc_auc_score
+
+from dp_textgrad.audit._asdict import AsDict
 
 MIN_RESAMPLES = 1000
 CONFIDENCE_LEVEL = 0.95
@@ -218,6 +220,15 @@ def _check_bootstrap(n_resamples: int, level: float) -> None:
         raise ValueError(f"level: must be in (0, 1), got {level}")
 
 
+def _stratified_indices(n_members: int, n_nonmembers: int, n_resamples: int,
+                        seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Resample indices (resamples x group size), members and non-members drawn separately."""
+    rng = np.random.default_rng(seed)
+    m_idx = rng.integers(0, n_members, size=(n_resamples, n_members))
+    n_idx = rng.integers(0, n_nonmembers, size=(n_resamples, n_nonmembers))
+    return m_idx, n_idx
+
+
 def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
     tail = (1 - level) / 2
     values = values[~np.isnan(values)]
@@ -228,38 +239,21 @@ def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def bootstrap_ci(
-    member_scores: object,
-    nonmember_scores: object,
-    statistic: Statistic = "auc",
-    *,
-    n_resamples: int = MIN_RESAMPLES,
-    level: float = CONFIDENCE_LEVEL,
-    seed: int = 0,
-) -> Interval:
+def bootstrap_ci(member_scores: object, nonmember_scores: object, statistic: Statistic = "auc", *,
+                 n_resamples: int = MIN_RESAMPLES, level: float = CONFIDENCE_LEVEL, seed: int = 0) -> Interval:
     """Stratified percentile bootstrap CI: members and non-members resampled separately."""
     _check_bootstrap(n_resamples, level)
     members, nonmembers = _scores("member_scores", member_scores), _scores("nonmember_scores", nonmember_scores)
     name, rows = _row_statistic(statistic)
     estimate = float(rows(members[None, :], nonmembers[None, :])[0])
-    rng = np.random.default_rng(seed)
-    m_idx = rng.integers(0, members.size, size=(n_resamples, members.size))
-    n_idx = rng.integers(0, nonmembers.size, size=(n_resamples, nonmembers.size))
+    m_idx, n_idx = _stratified_indices(members.size, nonmembers.size, n_resamples, seed)
     low, high = _percentiles(rows(members[m_idx], nonmembers[n_idx]), level)
     return Interval(estimate, low, high, level, n_resamples, name)
 
 
-def paired_bootstrap_difference(
-    members_a: object,
-    nonmembers_a: object,
-    members_b: object,
-    nonmembers_b: object,
-    statistic: Statistic = "auc",
-    *,
-    n_resamples: int = MIN_RESAMPLES,
-    level: float = CONFIDENCE_LEVEL,
-    seed: int = 0,
-) -> Interval:
+def paired_bootstrap_difference(members_a: object, nonmembers_a: object, members_b: object, nonmembers_b: object,
+                                statistic: Statistic = "auc", *, n_resamples: int = MIN_RESAMPLES,
+                                level: float = CONFIDENCE_LEVEL, seed: int = 0) -> Interval:
     """CI of statistic(a) - statistic(b) when a and b score the SAME items.
 
     Item i of ``members_a`` and of ``members_b`` is the same record (e.g. two attacks,
@@ -273,9 +267,7 @@ def paired_bootstrap_difference(
         raise ValueError("members_b, nonmembers_b: a paired bootstrap needs the same items in a and b (same sizes)")
     name, rows = _row_statistic(statistic)
     estimate = float(rows(ma[None, :], na[None, :])[0] - rows(mb[None, :], nb[None, :])[0])
-    rng = np.random.default_rng(seed)
-    m_idx = rng.integers(0, ma.size, size=(n_resamples, ma.size))
-    n_idx = rng.integers(0, na.size, size=(n_resamples, na.size))
+    m_idx, n_idx = _stratified_indices(ma.size, na.size, n_resamples, seed)
     diffs = rows(ma[m_idx], na[n_idx]) - rows(mb[m_idx], nb[n_idx])
     low, high = _percentiles(diffs, level)
     return Interval(estimate, low, high, level, n_resamples, f"{name} difference (paired)")
@@ -285,7 +277,7 @@ def paired_bootstrap_difference(
 
 
 @dataclass(frozen=True)
-class GroupComparison:
+class GroupComparison(AsDict):
     """Member vs non-member scores of one attack, with the pre-registered decisions."""
 
     n_members: int
@@ -300,9 +292,6 @@ class GroupComparison:
     magnitude: Magnitude
     statistically_significant: bool
     practically_significant: bool
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def compare_groups(

@@ -1,0 +1,178 @@
+"""L1 audit of a whole DP-ES controller loop (calibration, scoring, selection, feedback), run
+thousands of times on a table task with the tests-only ScriptedEngine.
+
+Re-exported by :mod:`dp_textgrad.audit.mechanism`, whose docstring describes the audits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import dp_accounting
+import numpy as np
+
+from dp_textgrad.audit.mechanism_trials import (
+    MechanismAuditResult,
+    _binary_bound,
+    _NoiseOff,
+    _ScaledNoise,
+    _Trials,
+)
+from dp_textgrad.privacy.accounting import smallest_bound
+
+_CANARY_TEXT = "audit canary record"
+_TRAILING_TEXT = "audit baseline record 0"
+
+
+class _RecordingLedger:
+    """Records every charged event; the claim is computed once from them afterwards.
+
+    The real :class:`PrivacyLedger` re-runs five accountants on every spend (about
+    0.25 s); the audit needs thousands of runs, so it records the events and asks the
+    same accountants once. Every run must charge the same events (checked).
+    """
+
+    def __init__(self, epsilon_budget: float, delta: float) -> None:
+        self.epsilon_budget = epsilon_budget
+        self.delta = delta
+        self.events: list[dp_accounting.DpEvent] = []
+        self.unsafe = False
+
+    def spend(self, event: dp_accounting.DpEvent, label: str, metadata: Any = None) -> None:
+        self.events.append(event)
+
+    def epsilon(self) -> float:
+        return math.nan  # not computed per run (see class docstring)
+
+    def epsilons(self) -> dict[str, float]:
+        return {}
+
+    def mark_unsafe(self, reason: str) -> None:
+        self.unsafe = True
+
+    def declare_noise(self, sampler: str) -> None:
+        pass  # the audit states its own (insecure, seeded) noise in its result
+
+
+def _audit_task(seed_prompt: str, n_background: int, clip_bound: float) -> Any:
+    """A tiny task whose per-record score is a table: the canary gives C to the seed prompt.
+
+    D: ``n_background`` records scoring C/2 for every candidate, except one record that
+    scores 0 for the seed prompt (so the seed trails by C/2 and never wins a tie).
+    The canary scores C for the seed prompt and 0 for every other candidate.
+    """
+    from dp_textgrad.privacy.data import PrivateDataset
+    from dp_textgrad.tasks.base import ClassificationTask, Example, RecordOutcomes
+
+    @dataclass
+    class _TableTask(ClassificationTask):
+        favoured: str = seed_prompt
+
+        def private_outcomes(self, engine: Any, prompt: str, batch: Any, verbalizers: Any = None) -> Any:
+            texts = [record.unwrap().text for record in batch]  # inside the DP scorer only
+            is_seed = prompt == self.favoured
+            scores = np.array([
+                (self.clip_bound if is_seed else 0.0) if text == _CANARY_TEXT
+                else (0.0 if (is_seed and text == _TRAILING_TEXT) else 0.5 * self.clip_bound)
+                for text in texts
+            ])
+            labels = np.zeros(len(texts), dtype=int)
+            return RecordOutcomes(scores=scores, gold=labels, predicted=labels)
+
+    records = [Example(f"audit baseline record {i}", "yes") for i in range(n_background)]
+
+    def make(with_canary: bool) -> Any:
+        private = records + ([Example(_CANARY_TEXT, "yes")] if with_canary else [])
+        return _TableTask(name="audit-table", description="Answer yes or no.", labels=["yes", "no"],
+                          private_train=PrivateDataset(private), test=[], clip_bound=clip_bound,
+                          seed_prompt=seed_prompt)
+
+    return make
+
+
+def audit_controller_loop(
+    *, epsilon: float = 2.0, delta: float = 1e-5, generations: int = 2, population: int = 3, parents: int = 1,
+    selection: Literal["gaussian", "exponential"] = "gaussian", n_background: int = 20, runs: int = 300,
+    alpha: float = 0.05, actual_noise_factor: float = 1.0, positive_control: bool = True, seed: int = 0,
+) -> MechanismAuditResult:
+    """Audit the real DP-ES loop (``EvolutionController``) with the tests-only ScriptedEngine.
+
+    Calibration runs once (``DPEvolutionStrategy`` builds the plan); each run then
+    builds a fresh controller with the calibrated parameters, its own noise seed and a
+    recording ledger, and runs every generation. Guess "member" iff the released
+    prompt is the seed prompt (the candidate the canary favours). The claim is the
+    library's bound on the events the runs actually charged (checked equal across runs).
+    Noise off: the controller's noise source is replaced by one with zero noise;
+    ``actual_noise_factor`` scales the released noise without changing what is charged.
+    """
+    from dp_textgrad._textgrad import import_textgrad
+    from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy, EvolutionController
+    from dp_textgrad.dp_es.plan import RunPlan
+    from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
+    from dp_textgrad.engines.scripted import ScriptedEngine
+
+    # q = 1: with q < 1 the background record that makes the seed trail would itself be
+    # subsampled and the noise-off control would lose its power (subsampling is audited
+    # at the mechanism level instead).
+    trials = _Trials.checked(runs, 1.0, actual_noise_factor, delta, alpha, positive_control, seed)
+    runs, q, factor = trials.runs, trials.sampling_rate, trials.noise_factor
+    strategy = SELECTION_STRATEGIES.get(selection)
+    if strategy is None:
+        raise ValueError(f"selection: use one of {sorted(SELECTION_STRATEGIES)}, got {selection!r}")
+    started = time.perf_counter()
+    tg = import_textgrad()
+    seed_prompt = "Answer the question."
+    make_task = _audit_task(seed_prompt, n_background, 1.0)
+    tasks = {False: make_task(False), True: make_task(True)}
+    engine = ScriptedEngine()
+    settings = dict(epsilon=epsilon, delta=delta, generations=generations, population=population, parents=parents,
+                    selection=selection, sampling_rate=q, use_critiques=False, seed=seed,
+                    # DP confusion feedback rides on Gaussian scoring only.
+                    feedback="dp_confusion" if strategy.supports_feedback else "none")
+    planner = DPEvolutionStrategy([tg.Variable(seed_prompt, role_description="system prompt", requires_grad=True)],
+                                  task=tasks[True], engine=engine, **settings)
+    config = planner.config
+    charged_by_first_run: list[dp_accounting.DpEvent] = []
+
+    def one_run(task: Any, noise_seed: int, noise_off: bool) -> bool:
+        variable = tg.Variable(seed_prompt, role_description="system prompt", requires_grad=True)
+        ledger = _RecordingLedger(config.epsilon, config.delta)
+        run_config = config.model_copy(update={"insecure_noise_seed": noise_seed})
+        # The calibrated plan, reused: only the (insecure, audit-only) noise seed differs per run.
+        controller = EvolutionController([variable], task=task, engine=engine, ledger=ledger,  # type: ignore[arg-type]
+                                         plan=RunPlan.with_value(run_config, planner.plan.value))
+        if noise_off or factor != 1.0:
+            replaced = _NoiseOff(noise_seed) if noise_off else _ScaledNoise(noise_seed, factor)
+            controller.noise = controller.scorer.noise = replaced
+            controller.scorer.sampling_rng = replaced.sampling_generator
+        result = controller.run()
+        if not charged_by_first_run:
+            charged_by_first_run.extend(ledger.events)
+        elif [repr(e) for e in ledger.events] != [repr(e) for e in charged_by_first_run]:
+            raise RuntimeError("audit_controller_loop: runs charged different events; the claim would not apply")
+        return result.prompt == seed_prompt
+
+    def arms(noise_off: bool) -> tuple[np.ndarray, np.ndarray]:
+        base = 1_000_000 * (seed + 1) + (500_000 if noise_off else 0)
+        members = np.array([one_run(tasks[True], base + 2 * i, noise_off) for i in range(runs)])
+        nonmembers = np.array([one_run(tasks[False], base + 2 * i + 1, noise_off) for i in range(runs)])
+        return members, nonmembers
+
+    members, nonmembers = arms(noise_off=False)
+    bound = _binary_bound(members, nonmembers, delta, alpha)
+    control = _binary_bound(*arms(noise_off=True), delta, alpha) if positive_control else None
+    # The claim: the default accountants on what every run actually charged.
+    claim = float(smallest_bound(charged_by_first_run, delta))
+    return trials.result(
+        f"controller_loop_{selection}", claim, bound, control, started=started, delta=float(config.delta),
+        parameters={"budget_epsilon": float(config.epsilon), "generations": generations, "population": population,
+                    "parents": parents, "selection": selection, "n_background": n_background,
+                    "noise_multiplier": planner.noise_multiplier, "selection_epsilon": planner.selection_epsilon,
+                    "feedback": config.feedback, "use_critiques": False, "actual_noise_factor": factor,
+                    "seed": seed},
+        note="statistic: the released prompt is the one the canary favours; real EvolutionController, "
+             "ScriptedEngine, calibration once, recording ledger",
+    )
