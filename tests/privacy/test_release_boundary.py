@@ -25,7 +25,7 @@ from dp_textgrad.privacy.accounting import PrivacyLedger
 from dp_textgrad.engines.base import EngineError
 from tests.twin import LengthTimedEngine, base_rows, differences, long_record, run_twin
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "SECRETWORD"
 SCHEDULE = ("epsilon = 4\ndataset_size = 40\ngenerations = 2\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
             "feedback = \"none\"\ninsecure_noise_seed = 5\n")
