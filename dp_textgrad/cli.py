@@ -111,21 +111,10 @@ def build_task(section: TaskSection):
 
 def make_engine(section: EngineSection):
     """The engine a configuration names (tests monkeypatch this factory)."""
-    options = dict(section.options)
-    try:
-        if section.kind == "llama_cpp":
-            from dp_textgrad.engines.llama_cpp import LlamaCppEngine
+    from dp_textgrad.engines.registry import build_engine
 
-            return LlamaCppEngine(model_path=section.model, **options)
-        if section.kind == "openai":
-            from dp_textgrad.engines.openai_engine import OpenAIEngine
-
-            return OpenAIEngine(section.model, base_url=section.base_url, mode=section.mode or "chat", **options)
-        from dp_textgrad.engines.transformers_engine import TransformersEngine
-
-        return TransformersEngine(model_name_or_path=section.model, **options)
-    except TypeError as exc:
-        raise ValueError(f"engine.options: not accepted by the {section.kind} engine ({exc})") from None
+    return build_engine(section.kind, model=section.model, base_url=section.base_url, mode=section.mode,
+                        **section.options)
 
 
 def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -> Any:

@@ -113,17 +113,19 @@ class Engine(EngineLM):
     def __call__(self, prompt: str, **kwargs) -> str:
         return self.generate(prompt, **kwargs)
 
+    # -- lifecycle: ``with engine:`` frees what the engine holds --------------------
+    def close(self) -> None:
+        """Free the engine's resources (idempotent); nothing to free by default."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     @abstractmethod
-    def _generate(
-        self,
-        prompt: str,
-        *,
-        system_prompt: str | None,
-        temperature: float,
-        max_tokens: int,
-        seed: int | None,
-        stop: list[str] | None,
-    ) -> str: ...
+    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
+                  seed: int | None, stop: list[str] | None) -> str: ...
 
     # -- scoring --------------------------------------------------------------------
     @abstractmethod

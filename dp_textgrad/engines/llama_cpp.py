@@ -36,130 +36,32 @@ unless a cache directory is given explicitly.
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import json
-import os
-import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from dp_textgrad.engines.base import Engine, EngineError, TokenLogprobs
+from dp_textgrad.engines.llama_kv import LlamaPlumbing
+from dp_textgrad.engines.llama_support import (
+    GenerationCache,
+    KvStats,
+    _as_cache,
+    _logsumexp,
+    _pick_logprobs,
+    available_cpus,
+    busy_cpus,
+    default_threads,
+    quiet_native_output,
+)
 from dp_textgrad.engines.model_files import default_model_path, import_local_module
 
-# Rows of full-vocabulary logits requested per decode when every position is needed
-# (audits, multi-token choices): Gemma's 262k vocabulary makes each row ~1 MB.
-_ALL_LOGITS_CHUNK = 32
 _TOP_ALTERNATIVES = 5
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (the affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
-def busy_cpus() -> int:
-    """CPUs other work keeps busy: the 1-minute load average, rounded (0 where it is unknown)."""
-    try:
-        return max(0, round(os.getloadavg()[0]))
-    except (AttributeError, OSError):
-        return 0
-
-
-def default_threads() -> int:
-    """The CPUs that are free when the engine starts: available minus busy, at least one.
-
-    llama.cpp's OpenMP threads spin while they wait, so a thread on a CPU that other work
-    holds is far worse than no thread there (measured on 2 CPUs: 340 vs 14 tokens/s with
-    one CPU busy elsewhere). On an idle machine every CPU is used; under load (a test
-    suite, another run) fewer. ``DP_TEXTGRAD_THREADS`` overrides the rule.
-    """
-    configured = os.environ.get("DP_TEXTGRAD_THREADS")
-    if configured:
-        try:
-            value = int(configured)
-        except ValueError:
-            raise ValueError(f"DP_TEXTGRAD_THREADS: must be a positive integer, got {configured!r}") from None
-        if value < 1:
-            raise ValueError(f"DP_TEXTGRAD_THREADS: must be a positive integer, got {configured!r}")
-        return value
-    return max(1, available_cpus() - busy_cpus())
-
-
-class GenerationCache:
-    """Opt-in cache of deterministic generations, in memory or in an explicit directory.
-
-    Keys are sha256 hashes of (model, prompt, system prompt, temperature, seed,
-    max tokens, stop), so prompts are never stored as keys; the cached outputs are
-    stored as they are, which is why a directory is never chosen by default.
-    """
-
-    def __init__(self, directory: str | Path | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else None
-        self._memory: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    @staticmethod
-    def key(**fields: object) -> str:
-        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode("utf-8")).hexdigest()
-
-    def get(self, key: str) -> str | None:
-        with self._lock:
-            value = self._memory.get(key)
-            if value is None and self.directory is not None:
-                path = self.directory / f"{key}.json"
-                if path.is_file():
-                    value = json.loads(path.read_text(encoding="utf-8"))["text"]
-                    self._memory[key] = value
-            if value is None:
-                self.misses += 1
-            else:
-                self.hits += 1
-            return value
-
-    def put(self, key: str, text: str) -> None:
-        with self._lock:
-            self._memory[key] = text
-            if self.directory is None:
-                return
-            self.directory.mkdir(parents=True, exist_ok=True)
-            handle, scratch = tempfile.mkstemp(prefix=".entry-", dir=self.directory)
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump({"text": text}, out)
-            os.replace(scratch, self.directory / f"{key}.json")
-
-
-def _as_cache(cache: GenerationCache | str | Path | bool | None) -> GenerationCache | None:
-    if cache is None or cache is False:
-        return None
-    if cache is True or cache == "memory":
-        return GenerationCache()
-    if isinstance(cache, GenerationCache):
-        return cache
-    if isinstance(cache, (str, Path)):
-        return GenerationCache(cache)
-    raise TypeError("cache: use None, 'memory', a directory path or a GenerationCache")
-
-
-@dataclass
-class KvStats:
-    """How much work the KV-cache reuse saved (tokens decoded vs. tokens reused)."""
-
-    tokens_decoded: int = 0
-    tokens_reused: int = 0
-
-
-class LlamaCppEngine(Engine):
+class LlamaCppEngine(LlamaPlumbing, Engine):
     """llama.cpp engine (CPU). The default model is Gemma 3 270M Q4_K_M from PyPI.
 
     ``model_path``: a GGUF file; ``None`` assembles the default model into the user
@@ -248,12 +150,6 @@ class LlamaCppEngine(Engine):
                 self._free_batch()
                 self._llm.close()
 
-    def __enter__(self) -> LlamaCppEngine:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     @property
     def n_ctx(self) -> int:
         return self._n_ctx
@@ -286,16 +182,8 @@ class LlamaCppEngine(Engine):
             return self._tokenize(text, bos)
 
     # -- generation -----------------------------------------------------------------
-    def _generate(
-        self,
-        prompt: str,
-        *,
-        system_prompt: str | None,
-        temperature: float,
-        max_tokens: int,
-        seed: int | None,
-        stop: list[str] | None,
-    ) -> str:
+    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
+                  seed: int | None, stop: list[str] | None) -> str:
         if not np.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
         if max_tokens < 1:
@@ -407,136 +295,6 @@ class LlamaCppEngine(Engine):
         return TokenLogprobs(tokens=pieces, logprobs=logprobs, top_alternatives=alternatives,
                              vocab_mean=means, vocab_std=stds)
 
-    # -- llama.cpp plumbing (call with self._lock held) ------------------------------
-    def _tokenize(self, text: str, bos: bool) -> list[int]:
-        if self._closed:
-            raise EngineError("this engine has been closed; create a new LlamaCppEngine")
-        ids = list(self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=False)) if text else []
-        if bos and not ids:
-            # Scoring needs at least one position to read logits from.
-            if self._llm.token_bos() < 0:
-                raise ValueError("context: empty, and this model has no BOS token to condition on")
-            ids = [self._llm.token_bos()]
-        return ids
 
-    def _piece(self, token: int, before: list[int]) -> str:
-        return self._llm.detokenize([token], prev_tokens=before).decode("utf-8", errors="replace")
-
-    def _forget_kv(self) -> None:
-        memory = self._lib.llama_get_memory(self._llm.ctx)
-        self._lib.llama_memory_seq_rm(memory, -1, 0, -1)
-        self._kv_tokens = []
-        self._prefix: tuple[int, ...] | None = None
-        self._prefix_row: np.ndarray | None = None
-        self._suffix: tuple[int, ...] | None = None
-
-    def _truncate(self, length: int) -> bool:
-        """Keep only the first ``length`` cached tokens; False if the cache cannot drop a tail."""
-        if length > len(self._kv_tokens):
-            return False
-        if length == len(self._kv_tokens):
-            return True
-        memory = self._lib.llama_get_memory(self._llm.ctx)
-        if not self._lib.llama_memory_seq_rm(memory, 0, length, -1):
-            return False  # e.g. recurrent models; callers then start over
-        del self._kv_tokens[length:]
-        return True
-
-    # Canonical evaluation: a prefix is always decoded from position 0 in the same
-    # chunks and a suffix always as one decode right after it, so a score never
-    # depends on what the cache held before (llama.cpp's numerics vary slightly with
-    # how tokens are split into batches).
-    def _enter_prefix(self, prefix_ids: tuple[int, ...]) -> np.ndarray:
-        """KV := prefix; return the logits at its last position (saved, not re-decoded)."""
-        if self._prefix == prefix_ids and self._truncate(len(prefix_ids)):
-            self._suffix = ()
-            self.kv_stats.tokens_reused += len(prefix_ids)
-            assert self._prefix_row is not None
-            return self._prefix_row
-        self._forget_kv()
-        row = self._decode(prefix_ids)
-        self._prefix, self._prefix_row, self._suffix = prefix_ids, row, ()
-        return row
-
-    def _position_at(self, prefix_ids: tuple[int, ...], suffix_ids: tuple[int, ...]) -> np.ndarray:
-        """KV := prefix + suffix; return the logits at the last position."""
-        row = self._enter_prefix(prefix_ids)
-        if suffix_ids:
-            row = self._decode(suffix_ids)
-            self._suffix = suffix_ids
-        return row
-
-    def _rewind_to(self, prefix_ids: tuple[int, ...], suffix_ids: tuple[int, ...]) -> None:
-        """KV := prefix + suffix, dropping later tokens when the cache already holds both."""
-        if (self._prefix == prefix_ids and self._suffix == suffix_ids
-                and self._truncate(len(prefix_ids) + len(suffix_ids))):
-            self.kv_stats.tokens_reused += len(prefix_ids) + len(suffix_ids)
-            return
-        self._position_at(prefix_ids, suffix_ids)
-
-    def _decode(
-        self, tokens: Sequence[int], on_row: Callable[[int, np.ndarray], None] | None = None
-    ) -> np.ndarray:
-        """Append ``tokens`` to the KV cache and return a copy of the last position's logits.
-
-        With ``on_row``, logits are requested for every position and passed as
-        ``on_row(index_in_tokens, row_view)`` (the view is only valid during the call).
-        """
-        if not tokens:
-            raise EngineError("internal: nothing to decode")
-        start = len(self._kv_tokens)
-        if start + len(tokens) > self._n_ctx:
-            raise EngineError(
-                f"input needs {start + len(tokens)} tokens but the context holds {self._n_ctx}; "
-                "raise n_ctx or shorten the prompt"
-            )
-        lib, batch, ctx = self._lib, self._batch, self._llm.ctx
-        step = min(self._n_batch, _ALL_LOGITS_CHUNK) if on_row else self._n_batch
-        last_row = None
-        for offset in range(0, len(tokens), step):
-            chunk = tokens[offset : offset + step]
-            batch.n_tokens = len(chunk)
-            for i, token in enumerate(chunk):
-                batch.token[i] = token
-                batch.pos[i] = start + offset + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = on_row is not None
-            is_last_chunk = offset + len(chunk) == len(tokens)
-            batch.logits[len(chunk) - 1] = on_row is not None or is_last_chunk
-            code = lib.llama_decode(ctx, batch)
-            if code != 0:
-                self._forget_kv()  # the cache may hold a partial batch now
-                raise EngineError(f"llama.cpp decode failed with code {code}")
-            self._kv_tokens.extend(chunk)
-            self.kv_stats.tokens_decoded += len(chunk)
-            if on_row is not None:
-                for i in range(len(chunk)):
-                    on_row(offset + i, self._logits_row(i))
-            if is_last_chunk:
-                last_row = self._logits_row(len(chunk) - 1).copy()
-        assert last_row is not None
-        return last_row
-
-    def _logits_row(self, index: int) -> np.ndarray:
-        pointer = self._lib.llama_get_logits_ith(self._llm.ctx, index)
-        if not pointer:
-            raise EngineError("llama.cpp returned no logits for a requested position")
-        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))
-
-
-def _logsumexp(row: np.ndarray) -> float:
-    top = float(row.max())
-    return top + float(np.log(np.exp(row - top, dtype=np.float64).sum()))
-
-
-def _pick_logprobs(row: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
-    """log-softmax(row)[token_ids] without materialising the whole log-softmax."""
-    return row[token_ids].astype(np.float64) - _logsumexp(row)
-
-
-def quiet_native_output(lib: object):
-    """Silence llama.cpp's native log lines during model load (as verbose=False intends)."""
-    utils = getattr(lib, "_utils", None)
-    quiet = getattr(utils, "suppress_stdout_stderr", None)
-    return quiet(disable=False) if quiet is not None else nullcontext()
+__all__ = ["GenerationCache", "KvStats", "LlamaCppEngine", "available_cpus", "busy_cpus", "default_threads",
+           "quiet_native_output"]

@@ -111,16 +111,8 @@ class ScriptedEngine(Engine):
         self.history: list[ScriptedCall] = []
 
     # -- generation -----------------------------------------------------------------
-    def _generate(
-        self,
-        prompt: str,
-        *,
-        system_prompt: str | None,
-        temperature: float,
-        max_tokens: int,
-        seed: int | None,
-        stop: list[str] | None,
-    ) -> str:
+    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
+                  seed: int | None, stop: list[str] | None) -> str:
         if max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
         prompt_tokens = len(scripted_tokens(system_prompt or "")) + len(scripted_tokens(prompt))

@@ -261,7 +261,7 @@ def test_empty_choice_and_overflow_errors(llama_engine: LlamaCppEngine) -> None:
 
 @pytest.mark.parametrize("cpus, load, expected", [(2, 0.1, 2), (2, 0.9, 1), (2, 1.6, 1), (8, 3.2, 5), (4, 9.0, 1)])
 def test_default_threads_use_the_free_cpus(monkeypatch, cpus, load, expected):
-    from dp_textgrad.engines import llama_cpp
+    from dp_textgrad.engines import llama_support as llama_cpp  # the thread rule lives there
 
     monkeypatch.delenv("DP_TEXTGRAD_THREADS", raising=False)
     monkeypatch.setattr(llama_cpp, "available_cpus", lambda: cpus)

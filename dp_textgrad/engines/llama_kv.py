@@ -1,0 +1,141 @@
+"""The llama.cpp plumbing of :class:`~dp_textgrad.engines.llama_cpp.LlamaCppEngine`:
+tokens, the KV cache of the current prefix, batched decodes and logit rows.
+
+A mixin: every method is called with the engine's ``_lock`` held. A prefix is always
+decoded from position 0 in the same chunks and a suffix in one decode after it, so a
+result never depends on earlier calls (see the engine's module docstring).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from dp_textgrad.engines.base import EngineError
+
+
+# Rows of full-vocabulary logits requested per decode when every position is needed
+# (audits, multi-token choices): Gemma's 262k vocabulary makes each row ~1 MB.
+_ALL_LOGITS_CHUNK = 32
+
+
+class LlamaPlumbing:
+    """Tokenization, KV-prefix reuse and decoding (mixin; call with the engine's lock held)."""
+
+    def _tokenize(self, text: str, bos: bool) -> list[int]:
+        if self._closed:
+            raise EngineError("this engine has been closed; create a new LlamaCppEngine")
+        ids = list(self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=False)) if text else []
+        if bos and not ids:
+            # Scoring needs at least one position to read logits from.
+            if self._llm.token_bos() < 0:
+                raise ValueError("context: empty, and this model has no BOS token to condition on")
+            ids = [self._llm.token_bos()]
+        return ids
+
+    def _piece(self, token: int, before: list[int]) -> str:
+        return self._llm.detokenize([token], prev_tokens=before).decode("utf-8", errors="replace")
+
+    def _forget_kv(self) -> None:
+        memory = self._lib.llama_get_memory(self._llm.ctx)
+        self._lib.llama_memory_seq_rm(memory, -1, 0, -1)
+        self._kv_tokens = []
+        self._prefix: tuple[int, ...] | None = None
+        self._prefix_row: np.ndarray | None = None
+        self._suffix: tuple[int, ...] | None = None
+
+    def _truncate(self, length: int) -> bool:
+        """Keep only the first ``length`` cached tokens; False if the cache cannot drop a tail."""
+        if length > len(self._kv_tokens):
+            return False
+        if length == len(self._kv_tokens):
+            return True
+        memory = self._lib.llama_get_memory(self._llm.ctx)
+        if not self._lib.llama_memory_seq_rm(memory, 0, length, -1):
+            return False  # e.g. recurrent models; callers then start over
+        del self._kv_tokens[length:]
+        return True
+
+    # Canonical evaluation: a prefix is always decoded from position 0 in the same
+    # chunks and a suffix always as one decode right after it, so a score never
+    # depends on what the cache held before (llama.cpp's numerics vary slightly with
+    # how tokens are split into batches).
+    def _enter_prefix(self, prefix_ids: tuple[int, ...]) -> np.ndarray:
+        """KV := prefix; return the logits at its last position (saved, not re-decoded)."""
+        if self._prefix == prefix_ids and self._truncate(len(prefix_ids)):
+            self._suffix = ()
+            self.kv_stats.tokens_reused += len(prefix_ids)
+            assert self._prefix_row is not None
+            return self._prefix_row
+        self._forget_kv()
+        row = self._decode(prefix_ids)
+        self._prefix, self._prefix_row, self._suffix = prefix_ids, row, ()
+        return row
+
+    def _position_at(self, prefix_ids: tuple[int, ...], suffix_ids: tuple[int, ...]) -> np.ndarray:
+        """KV := prefix + suffix; return the logits at the last position."""
+        row = self._enter_prefix(prefix_ids)
+        if suffix_ids:
+            row = self._decode(suffix_ids)
+            self._suffix = suffix_ids
+        return row
+
+    def _rewind_to(self, prefix_ids: tuple[int, ...], suffix_ids: tuple[int, ...]) -> None:
+        """KV := prefix + suffix, dropping later tokens when the cache already holds both."""
+        if (self._prefix == prefix_ids and self._suffix == suffix_ids
+                and self._truncate(len(prefix_ids) + len(suffix_ids))):
+            self.kv_stats.tokens_reused += len(prefix_ids) + len(suffix_ids)
+            return
+        self._position_at(prefix_ids, suffix_ids)
+
+    def _decode(
+        self, tokens: Sequence[int], on_row: Callable[[int, np.ndarray], None] | None = None
+    ) -> np.ndarray:
+        """Append ``tokens`` to the KV cache and return a copy of the last position's logits.
+
+        With ``on_row``, logits are requested for every position and passed as
+        ``on_row(index_in_tokens, row_view)`` (the view is only valid during the call).
+        """
+        if not tokens:
+            raise EngineError("internal: nothing to decode")
+        start = len(self._kv_tokens)
+        if start + len(tokens) > self._n_ctx:
+            raise EngineError(
+                f"input needs {start + len(tokens)} tokens but the context holds {self._n_ctx}; "
+                "raise n_ctx or shorten the prompt"
+            )
+        lib, batch, ctx = self._lib, self._batch, self._llm.ctx
+        step = min(self._n_batch, _ALL_LOGITS_CHUNK) if on_row else self._n_batch
+        last_row = None
+        for offset in range(0, len(tokens), step):
+            chunk = tokens[offset : offset + step]
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = start + offset + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = on_row is not None
+            is_last_chunk = offset + len(chunk) == len(tokens)
+            batch.logits[len(chunk) - 1] = on_row is not None or is_last_chunk
+            code = lib.llama_decode(ctx, batch)
+            if code != 0:
+                self._forget_kv()  # the cache may hold a partial batch now
+                raise EngineError(f"llama.cpp decode failed with code {code}")
+            self._kv_tokens.extend(chunk)
+            self.kv_stats.tokens_decoded += len(chunk)
+            if on_row is not None:
+                for i in range(len(chunk)):
+                    on_row(offset + i, self._logits_row(i))
+            if is_last_chunk:
+                last_row = self._logits_row(len(chunk) - 1).copy()
+        assert last_row is not None
+        return last_row
+
+    def _logits_row(self, index: int) -> np.ndarray:
+        pointer = self._lib.llama_get_logits_ith(self._llm.ctx, index)
+        if not pointer:
+            raise EngineError("llama.cpp returned no logits for a requested position")
+        return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self._n_vocab,))

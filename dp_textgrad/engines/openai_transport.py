@@ -1,0 +1,150 @@
+"""The HTTP transport of the OpenAI engine: bounded concurrency, rate limit, retries, usage.
+
+A mixin of :class:`~dp_textgrad.engines.openai_engine.OpenAIEngine`. A request that
+fails for good raises one ``OpenAIEngineError`` naming the model, server and status,
+never the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+
+import openai
+import tenacity
+
+from dp_textgrad.engines.openai_protocol import (
+    _error_code,
+    _is_transient,
+    _MalformedResponse,
+    OpenAIEngineError,
+    _retry_after_seconds,
+    _usage_tokens,
+)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Transport:
+    """Requests with retries and accounting (mixin; see the module docstring)."""
+
+    def _request(self, endpoint: Literal["chat", "completions"], body: dict[str, Any], what: str) -> dict:
+        """POST one request with retries; return the decoded JSON object; count usage."""
+        attempts = 0
+
+        def attempt() -> dict:
+            nonlocal attempts
+            attempts += 1
+            with self._slots:  # bound what is in flight, not what is waiting to retry
+                if self._rate_limiter is not None:
+                    self._rate_limiter.acquire()
+                resource = self._client.chat.completions if endpoint == "chat" else self._client.completions
+                raw = resource.with_raw_response.create(model=self.model, **body)
+                content = raw.http_response.content
+            try:
+                data = json.loads(content)
+            except (ValueError, UnicodeDecodeError):
+                raise _MalformedResponse("the response body is not valid JSON") from None
+            if not isinstance(data, dict):
+                raise _MalformedResponse("the response body is not a JSON object")
+            return data
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.max_retries + 1),
+            wait=self._retry_wait,
+            retry=tenacity.retry_if_exception(_is_transient),
+            before_sleep=lambda state: self._count(calls=0, retries=1),
+            reraise=True,
+        )
+        with self._timed() as timer:
+            try:
+                data = retrying(attempt)
+            except _MalformedResponse as error:
+                failure: OpenAIEngineError | None = OpenAIEngineError(
+                    f"{self._label()}: {what} failed: {error} (HTTP 200)", status_code=200, attempts=attempts)
+            except openai.OpenAIError as error:
+                failure = self._failure(error, what, attempts)
+            else:
+                failure = None
+        if failure is not None:
+            self._count(calls=0, seconds=timer["seconds"])
+            raise failure
+        usage = _usage_tokens(data)
+        cost = self.price.cost(*usage) if self.price else 0.0
+        self._count(calls=1, prompt_tokens=usage[0], completion_tokens=usage[1],
+                    seconds=timer["seconds"], cost_usd=cost)
+        return data
+
+    def _retry_wait(self, state: tenacity.RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        retry_after = _retry_after_seconds(error)
+        if retry_after is not None:
+            return min(retry_after, self._retry_after_max)
+        backoff = tenacity.wait_exponential_jitter(
+            initial=self._backoff_base, max=self._backoff_max, jitter=self._backoff_base)
+        return backoff(state)
+
+    def _failure(self, error: openai.OpenAIError, what: str, attempts: int) -> OpenAIEngineError:
+        """An error that names model, server and status; the server's message (which may
+        quote the prompt) is left out on purpose."""
+        status: int | None = None
+        if isinstance(error, openai.APITimeoutError):
+            reason = f"timed out after {self.timeout:g} s"
+        elif isinstance(error, openai.APIConnectionError):
+            reason = "could not connect to the server"
+        elif isinstance(error, openai.APIStatusError):
+            status = error.status_code
+            reason = f"HTTP {status} ({type(error).__name__})"
+            code = _error_code(error)
+            if code:
+                reason += f", error code {code!r}"
+            reason += {401: "; check api_key / OPENAI_API_KEY",
+                       403: "; the key may lack access to this model",
+                       404: "; check the model name and base_url"}.get(status, "")
+        else:
+            reason = type(error).__name__
+        return OpenAIEngineError(
+            f"{self._label()}: {what} failed after {attempts} attempt(s): {reason}",
+            status_code=status, attempts=attempts)
+
+    def _label(self) -> str:
+        return f"OpenAIEngine(model={self.model!r}, server={self._server_label()!r})"
+
+    # -- helpers --------------------------------------------------------------------
+    def _map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
+        """``[fn(x) for x in items]`` on up to ``max_concurrency`` threads, in order."""
+        if len(items) <= 1 or self.max_concurrency == 1:
+            return [fn(item) for item in items]
+        workers = min(self.max_concurrency, len(items))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dp-textgrad-openai") as pool:
+            futures = [pool.submit(fn, item) for item in items]
+            try:
+                return [future.result() for future in futures]
+            except BaseException:
+                for future in futures:  # fail fast: drop what has not started
+                    future.cancel()
+                raise
+
+    def _cache_get(self, key: Hashable, cacheable: bool) -> tuple[bool, Any]:
+        if self._cache is None or not cacheable:
+            return False, None
+        hit, value = self._cache.get(key)
+        if hit:
+            with self._state_lock:
+                self.cache_hits += 1
+        return hit, value
+
+    def _cache_put(self, key: Hashable, cacheable: bool, value: Any) -> None:
+        if self._cache is not None and cacheable:
+            self._cache.put(key, value)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        with self._state_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -1,0 +1,36 @@
+"""The engine registry: what the CLI can build, its errors, and that it loads nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import typing
+
+import pytest
+
+from dp_textgrad.engines.registry import ENGINES, build_engine
+from dp_textgrad.settings import EngineSection
+
+
+def test_the_settings_offer_exactly_the_registered_engines() -> None:
+    offered = typing.get_args(EngineSection.model_fields["kind"].annotation)
+    assert set(offered) == set(ENGINES)
+    assert "scripted" not in ENGINES  # tests only, never a user's choice
+
+
+def test_unknown_kind_names_the_field_and_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"engine.kind: unknown engine 'gpt5'; use one of \['llama_cpp', 'openai'"):
+        build_engine("gpt5")
+
+
+def test_rejected_options_name_the_field() -> None:
+    with pytest.raises(ValueError, match="engine.options: not accepted by the openai engine"):
+        build_engine("openai", model="m", base_url="http://127.0.0.1:9/v1", no_such_option=1)
+
+
+def test_reading_the_registry_loads_no_engine_library() -> None:
+    code = ("import sys, dp_textgrad.engines.registry\n"
+            "print([m for m in ('llama_cpp', 'torch', 'transformers', 'dp_textgrad.engines.openai_engine',\n"
+            "                   'dp_textgrad.engines.transformers_engine') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
