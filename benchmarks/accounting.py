@@ -110,7 +110,7 @@ from dp_textgrad.privacy.accounting import (  # noqa: E402
     RdpAccountant,
 )
 from dp_textgrad.dp_es.config import DPESConfig  # noqa: E402
-from dp_textgrad.dp_es.plan import RunPlan# noqa: E402
+from dp_textgrad.dp_es.plan import RunPlan  # noqa: E402
 from dp_textgrad._io import atomic_write_text  # noqa: E402
 from dp_textgrad.runs import code_version  # noqa: E402
 

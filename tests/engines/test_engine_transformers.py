@@ -27,6 +27,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from dp_textgrad._textgrad import import_textgrad  # noqa: E402
 from dp_textgrad.engines.base import Engine  # noqa: E402
 from dp_textgrad.engines.transformers_engine import INSTALL_HINT, TransformersEngine  # noqa: E402
+from tiny_hf import make_model  # noqa: E402  (one tiny random model for every HF test)
 
 SENTENCES = [
     "the movie was great and fun",
@@ -55,25 +56,6 @@ def make_tokenizer():
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=raw, bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]", unk_token="[UNK]"
     )
-
-
-def make_model(tokenizer, family: str = "gemma3"):
-    torch.manual_seed(0)
-    common = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        initializer_range=0.2,  # peakier than the default so distributions differ by context
-    )
-    if family == "gemma3":
-        config = transformers.Gemma3TextConfig(
-            sliding_window=4, layer_types=["sliding_attention", "full_attention"], **common
-        )
-        model = transformers.Gemma3ForCausalLM(config)
-    else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    return model.eval()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -199,14 +199,9 @@ def _refine(value: float, plan: Callable[[float], dpe.DpEvent], epsilon: float, 
     return root if (root > value) == increasing or root == value else value
 
 
-def calibrate_noise_multiplier(
-    plan: Callable[[float], dpe.DpEvent],
-    epsilon: float,
-    delta: float,
-    accountant: Accountant | Sequence[Accountant] | None = None,
-    *,
-    tol: float = 1e-6,
-) -> float:
+def calibrate_noise_multiplier(plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
+                               accountant: Accountant | Sequence[Accountant] | None = None,
+                               *, tol: float = 1e-6) -> float:
     """Smallest noise multiplier z (within ``tol``) such that ``plan(z)`` fits (epsilon, delta).
 
     ``plan`` maps z to the event of the WHOLE planned run. The bound is the smallest among
@@ -216,13 +211,8 @@ def calibrate_noise_multiplier(
     return _calibrate(plan, epsilon, delta, accountant, increasing=False, tol=tol)
 
 
-def calibrate_pure_epsilon(
-    plan: Callable[[float], dpe.DpEvent],
-    epsilon: float,
-    delta: float,
-    accountant: Accountant | Sequence[Accountant] | None = None,
-    *,
-    tol: float = 1e-6,
-) -> float:
+def calibrate_pure_epsilon(plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
+                           accountant: Accountant | Sequence[Accountant] | None = None,
+                           *, tol: float = 1e-6) -> float:
     """Largest per-selection epsilon0 (within ``tol``) such that ``plan(eps0)`` fits (epsilon, delta)."""
     return _calibrate(plan, epsilon, delta, accountant, increasing=True, tol=tol)
