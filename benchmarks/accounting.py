@@ -490,8 +490,13 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"smoke mode: schedule {QUICK_SCHEDULE} only, epsilon {', '.join(map(str, QUICK_TARGETS))}")
     parser.add_argument("--schedule", action="append", choices=[s.name for s in SCHEDULES],
                         help="run only this schedule (repeatable; default: all)")
+    parser.add_argument("--selection", action="append", choices=["gaussian", "exponential"],
+                        help="run only this selection (repeatable; default: each schedule's own)")
     parser.add_argument("--rtol", type=float, default=1e-3,
                         help="relative tolerance of the per-accountant calibration (default 1e-3)")
+    parser.add_argument("--update", action="store_true",
+                        help="recompute only the selected cases and replace them in --output, keeping the others "
+                             "(each kept case stays as its own run measured it; 'runs' lists every command)")
     parser.add_argument("--markdown", action="store_true", help="print the tables as markdown")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="where to write the JSON results")
     parser.add_argument("--tables-from", metavar="JSON", default=None,
@@ -515,8 +520,21 @@ def main(argv: list[str] | None = None) -> int:
             budgets = tuple(b for b in budgets if b in QUICK_TARGETS) or QUICK_TARGETS[:1]
             noise_targets = QUICK_TARGETS
         for selection in schedule.selections:
+            if args.selection and selection not in args.selection:
+                continue
             cases.append(run_case(schedule, selection, budgets, noise_targets, args.rtol,
                                   lambda line: print(line, file=sys.stderr, flush=True)))
+
+    runs_so_far: list[dict] = []
+    if args.update and Path(args.output).exists():
+        previous = json.loads(Path(args.output).read_text(encoding="utf-8"), parse_float=float)
+        fresh = {(c["schedule"], c["selection"]) for c in cases}
+        cases = [c for c in previous["cases"] if (c["schedule"], c["selection"]) not in fresh] + cases
+        runs_so_far = previous.get("runs") or [{k: previous.get(k) for k in ("command", "date", "code_version",
+                                                                              "seconds")}]
+        order = {s.name: i for i, s in enumerate(SCHEDULES)}
+        cases.sort(key=lambda c: (order.get(c["schedule"], len(order)), c["selection"] != "gaussian"))
+        schedules = [s for s in SCHEDULES if s.name in {c["schedule"] for c in cases}]
 
     result = {
         "benchmark": "accounting",
@@ -536,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                                         ["benchmarks/accounting.py", *(argv if argv is not None else sys.argv[1:])]),
         "code_version": code_version(),
     }
+    result["runs"] = runs_so_far + [{k: result[k] for k in ("command", "date", "code_version", "seconds")}]
     out = Path(args.output)
     atomic_write_text(out, json.dumps(_json_float(result), indent=2) + "\n")
 

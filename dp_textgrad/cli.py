@@ -291,6 +291,10 @@ def budget(
     noise_multiplier: Optional[float] = typer.Option(None, help="given noise: prints epsilon under every accountant"),
     selection_epsilon: Optional[float] = typer.Option(None, help="given epsilon0 (charged selections): prints "
                                                                   "epsilon"),
+    llm_operators: Optional[bool] = typer.Option(
+        None, "--llm-operators/--no-llm-operators",
+        help="whether LLM operators read the DP feedback (default: assume they do; the built-in base model "
+             "does not, and its runs charge no feedback)"),
 ) -> None:
     """Calibration calculator: the noise for a budget, or the epsilon of a given noise. Reads no data."""
     try:
@@ -307,7 +311,8 @@ def budget(
             feedback = "dp_confusion" if supports_feedback(selection) else "none"
         config = _config_from(dict(epsilon=epsilon if epsilon is not None else 1.0, delta=delta,
                                    generations=generations, population=population, parents=parents,
-                                   sampling_rate=sampling_rate, selection=selection, feedback=feedback))
+                                   sampling_rate=sampling_rate, selection=selection, feedback=feedback,
+                                   llm_operators=llm_operators))
         # The strategy says which parameter the budget decides: a noise multiplier or a per-pick epsilon0.
         parameter = RunPlan(config, None).strategy.calibrates
         if epsilon is not None:

@@ -337,6 +337,9 @@ class DPEvolutionStrategy(EvolutionController):
         if not isinstance(task, ClassificationTask):
             raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
         resolved = base.resolved(len(task.private_train))
+        if resolved.llm_operators is None:  # decided by the engine; the plan needs it (is feedback read?)
+            resolved = resolved.model_copy(update={"llm_operators": bool(getattr(engine, "instruction_following",
+                                                                                 True))})
         if plan is None:
             plan = RunPlan.calibrated(resolved)
         elif plan.config != resolved:

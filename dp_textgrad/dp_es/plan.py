@@ -102,7 +102,14 @@ class RunPlan:
 
 
 _SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", "sampling_rate", "selection",
-                    "final_selection", "final_epsilon", "feedback", "feedback_noise_ratio", "privacy")
+                    "final_selection", "final_epsilon", "feedback", "feedback_noise_ratio", "privacy",
+                    "llm_operators")  # everything the plan's mechanisms depend on
+
+
+# Fields that change no mechanism of the plan (a test checks the two lists cover DPESConfig).
+PLAN_INDEPENDENT_FIELDS = frozenset({"elites", "mode", "unsafe_examples", "shrinkage", "use_critiques", "seed",
+                                     "insecure_noise_seed", "max_prompt_chars", "dataset_size", "max_record_tokens",
+                                     "long_records"})
 
 
 def _schedule_key(config: DPESConfig) -> tuple:

@@ -18,7 +18,7 @@ Estimates divide by the PUBLIC expected batch size q*N, never by the realised |B
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -45,6 +45,10 @@ class CandidateLike(Protocol):
 
     id: str
     text: str
+
+
+# Feedback candidates: indices fixed in advance, or chosen from the released scores.
+FeedbackChoice = Sequence[int] | Callable[[ReleasedScores], Sequence[int]]
 
 
 class LedgerLike(Protocol):
@@ -113,14 +117,21 @@ class DPScorer:
 
     # -- mechanisms (these read private data, after charging the mechanism's own event) ----
     def score(self, candidates: Sequence[CandidateLike], mechanism: GaussianScoreMechanism, label: str,
-              feedback_candidates: Sequence[int] = ()) -> ReleasedScores:
-        """Noisy utility sums of every candidate (+ noisy confusion matrices of ``feedback_candidates``).
+              feedback_candidates: FeedbackChoice = ()) -> ReleasedScores:
+        """Noisy utility sums of every candidate (+ noisy confusion matrices of feedback candidates).
 
         ``mechanism`` is the object the plan holds for this generation: its event is
         charged, then it runs. Its confusion matrices (when it has a feedback noise
         multiplier) come from the same subsample and are part of that one event, so a
-        mechanism that releases feedback needs ``feedback_candidates`` (and one that does
-        not must get none): what is charged is exactly what is released.
+        mechanism that releases feedback needs feedback candidates (and one that does not
+        must get none): what is charged is exactly what is released.
+
+        ``feedback_candidates`` is a list of indices, or a function that picks them from
+        the released scores (public: the matrices then describe candidates chosen by DP
+        outputs, e.g. the top parent). The matrices are released after the scores, on
+        the same subsample: an adaptive composition of two Gaussians given the
+        subsample, which is one Gaussian with z_eff (Gaussian DP composes adaptively),
+        sampled once: the event already charged.
         """
         candidates = _check_candidates(candidates)
         if not isinstance(mechanism, GaussianScoreMechanism):
@@ -131,25 +142,20 @@ class DPScorer:
         if float(mechanism.clip_bound) != self.clip_bound:
             raise ValueError(f"mechanism.clip_bound: must be the task's clip_bound ({self.clip_bound}), "
                              f"got {mechanism.clip_bound}")
-        feedback = self._check_feedback(feedback_candidates, len(candidates))
-        if mechanism.releases_feedback != bool(feedback):
+        fixed = None if callable(feedback_candidates) else self._check_feedback(feedback_candidates, len(candidates))
+        wants_feedback = callable(feedback_candidates) or bool(fixed)
+        if mechanism.releases_feedback != wants_feedback:
             raise ValueError("feedback_candidates: give them exactly when the mechanism releases confusion "
                              "matrices (feedback_noise_multiplier set); the charge must match the release")
-        self._charge(mechanism, label, candidates, {"feedback_candidates": len(feedback)})
+        self._charge(mechanism, label, candidates, {"feedback_candidates": 1 if callable(feedback_candidates)
+                                                    else len(fixed or [])})
         # ---- private data is read only below this line, after the charge ----
+        return self._run(candidates, label, lambda sums: mechanism.release(sums, self.noise), mechanism.noise_std,
+                         feedback_candidates if callable(feedback_candidates) else fixed,
+                         lambda counts: mechanism.release_confusion(counts, self.noise),
+                         mechanism.confusion_noise_std)
 
-        def read() -> tuple[np.ndarray, np.ndarray | None]:
-            sums, outcomes = self._utility_sums(candidates)
-            noisy = mechanism.release(sums, self.noise)
-            if not feedback:
-                return noisy, None
-            return noisy, mechanism.release_confusion(self._confusions(outcomes, feedback), self.noise)
-
-        noisy_sums, confusion = self._read_private(label, read)  # private per-record outcomes stay inside
-        return self._released(candidates, noisy_sums, mechanism.noise_std, feedback, confusion,
-                              mechanism.confusion_noise_std(len(feedback)) if feedback else None)
-
-    def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: Sequence[int] = ()) -> ReleasedScores:
+    def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: FeedbackChoice = ()) -> ReleasedScores:
         """NOT PRIVATE: exact scores (and confusion matrices) on a subsample, for baselines.
 
         Allowed only with a ledger already marked unsafe, so the run's record says it is
@@ -160,15 +166,38 @@ class DPScorer:
             raise PermissionError("score_exact: reads private data without noise; the ledger must first be "
                                   "marked unsafe (use DPESConfig(privacy='off') for a non-private baseline)")
         candidates = _check_candidates(candidates)
-        feedback = self._check_feedback(feedback_candidates, len(candidates))
+        fixed = None if callable(feedback_candidates) else self._check_feedback(feedback_candidates, len(candidates))
+        return self._run(candidates, "exact scores (privacy off)", lambda sums: np.asarray(sums, dtype=float), 0.0,
+                         feedback_candidates if callable(feedback_candidates) else fixed,
+                         lambda counts: counts, lambda matrices: 0.0)
 
-        def read() -> tuple[np.ndarray, np.ndarray | None]:
-            sums, outcomes = self._utility_sums(candidates)
-            return sums, (self._confusions(outcomes, feedback) if feedback else None)
+    def _run(self, candidates: list[CandidateLike], label: str, release_sums: Any, noise_std: float,
+             feedback: Any, release_confusion: Any, confusion_std: Any) -> ReleasedScores:
+        """Subsample, release the sums, then (if asked) the confusion matrices on the same subsample.
 
-        sums, confusion = self._read_private("exact scores (privacy off)", read)
-        return self._released(candidates, np.asarray(sums, dtype=float), 0.0, feedback, confusion,
-                              0.0 if feedback else None)
+        The per-record outcomes stay in this frame; a feedback chooser sees only released values.
+        """
+        held: dict[str, Any] = {}
+
+        def read_scores() -> np.ndarray:
+            sums, held["outcomes"] = self._utility_sums(candidates)
+            return release_sums(sums)
+
+        try:
+            released = self._released(candidates, self._read_private(label, read_scores), noise_std, [], None, None)
+            if callable(feedback):  # a function of the released scores only
+                feedback = self._check_feedback(feedback(released), len(candidates))
+                if not feedback:
+                    raise ValueError("feedback_candidates: the chooser picked no candidate, but the matrices "
+                                     "were charged; return at least one index")
+            if not feedback:
+                return released
+            confusion = self._read_private(label, lambda: release_confusion(self._confusions(held["outcomes"],
+                                                                                             feedback)))
+            return self._released(candidates, released.noisy_sums, noise_std, feedback, confusion,
+                                  confusion_std(len(feedback)))
+        finally:
+            held.clear()
 
     def select(self, candidates: Sequence[CandidateLike], mechanism: SelectionMechanism, label: str) -> list[int]:
         """Indices (into ``candidates``) chosen by a DP selection mechanism on a fresh subsample."""

@@ -8,7 +8,6 @@ selection mechanisms are in :mod:`dp_textgrad.privacy.mechanisms`.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,11 +113,24 @@ class SelectionStrategy(ABC):
         return population.best(1)[0] if self.releases_scores else parents[0]
 
 
-def _index_of_current_best(population: Any, candidates: list[Any]) -> int:
-    """The candidate whose confusion matrix is released: the best by the estimates so far (free)."""
-    shrunk = population.shrunk_estimates()
-    scored = [(shrunk.get(c.id, -math.inf), -i) for i, c in enumerate(candidates)]
-    return -max(scored)[1]
+def _record_and_choose(population: Any, candidates: list[Any], generation: int, parents: int,
+                       chosen: list[Any]) -> Any:
+    """Post-processing of released scores: record them, keep the top ``parents``; return the
+    feedback chooser (the top parent's confusion matrix: the one a critique will use)."""
+
+    def choose(released: ReleasedScores) -> list[int]:
+        population.record(released, generation)
+        chosen.extend(population.best(parents))
+        return [next(i for i, c in enumerate(candidates) if c.id == chosen[0].id)]
+
+    return choose
+
+
+def feedback_is_used(config: Any, generation: int) -> bool:
+    """Whether generation ``t`` releases a DP confusion matrix: asked for, followed by another
+    generation, and read by an LLM operator (critiques, rewrites). Unknown (None) counts as used."""
+    return (config.feedback == "dp_confusion" and generation + 1 < config.generations
+            and config.llm_operators is not False)
 
 
 class NoisyScoreTopK(SelectionStrategy):
@@ -129,20 +141,21 @@ class NoisyScoreTopK(SelectionStrategy):
 
     def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
                    clip_bound: float) -> GenerationMechanisms:
-        # Feedback only feeds the next generation's critiques: the last generation releases none.
-        feedback = config.feedback == "dp_confusion" and generation + 1 < config.generations
-        z_fb = value * config.feedback_noise_ratio if feedback else None
+        # Feedback is charged only where it is read: never after the last generation, never
+        # when no LLM operator reads it.
+        z_fb = value * config.feedback_noise_ratio if feedback_is_used(config, generation) else None
         return GenerationMechanisms(scores=GaussianScoreMechanism(value, clip_bound, num_candidates, z_fb))
 
     def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
                generation: int, parents: int) -> Choice:
-        scores = mechanisms.scores
-        feedback = [_index_of_current_best(population, candidates)] if scores.releases_feedback else []
+        scores, chosen = mechanisms.scores, []
+        choose = _record_and_choose(population, candidates, generation, parents, chosen)
         label = f"generation {generation}: noisy scores of {len(candidates)} candidates" + \
-            (" + DP confusion matrix" if feedback else "")
-        released = scorer.score(candidates, scores, label, feedback_candidates=feedback)
-        population.record(released, generation)
-        return Choice(population.best(parents), released)
+            (" + DP confusion matrix of the top parent" if scores.releases_feedback else "")
+        released = scorer.score(candidates, scores, label, feedback_candidates=choose if scores.releases_feedback else ())
+        if not chosen:
+            choose(released)
+        return Choice(chosen, released)
 
     def describe(self, value: float | None, parents: int) -> str:
         return f"Gaussian noisy scores, noise multiplier z = {value:.4f}; parents: top-{parents} of the estimates"
@@ -155,15 +168,16 @@ class ExactScores(NoisyScoreTopK):
 
     def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
                    clip_bound: float) -> GenerationMechanisms:
-        feedback = config.feedback == "dp_confusion" and generation + 1 < config.generations
-        return GenerationMechanisms(exact_feedback=feedback)
+        return GenerationMechanisms(exact_feedback=feedback_is_used(config, generation))
 
     def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
                generation: int, parents: int) -> Choice:
-        feedback = [_index_of_current_best(population, candidates)] if mechanisms.exact_feedback else []
-        released = scorer.score_exact(candidates, feedback_candidates=feedback)
-        population.record(released, generation)
-        return Choice(population.best(parents), released)
+        chosen: list[Any] = []
+        choose = _record_and_choose(population, candidates, generation, parents, chosen)
+        released = scorer.score_exact(candidates, feedback_candidates=choose if mechanisms.exact_feedback else ())
+        if not chosen:
+            choose(released)
+        return Choice(chosen, released)
 
     def describe(self, value: float | None, parents: int) -> str:
         return "NOT PRIVATE: exact scores (privacy 'off')"

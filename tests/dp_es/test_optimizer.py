@@ -93,7 +93,8 @@ def test_full_run_stays_within_budget_and_updates_variable(task) -> None:
     {"feedback": "none", "final_selection": "permute_and_flip", "final_epsilon": 0.2},
     {"selection": "exponential", "feedback": "none", "final_selection": "exponential", "final_epsilon": 0.2},
     {"selection": "permute_and_flip", "feedback": "none"},
-], ids=["gaussian+feedback", "gaussian+final-pf", "exponential", "permute-and-flip"])
+    {"llm_operators": False},
+], ids=["gaussian+feedback", "gaussian+final-pf", "exponential", "permute-and-flip", "feedback-unread"])
 def test_ledger_equals_the_planned_event(task, settings) -> None:
     opt, _ = make_opt(task, **settings)
     opt.run()
@@ -104,6 +105,30 @@ def test_ledger_equals_the_planned_event(task, settings) -> None:
     for accountant in default_accountants():
         assert accountant.epsilon(opt.ledger.events, delta) == pytest.approx(
             accountant.epsilon([planned], delta), rel=1e-6, abs=1e-6)
+
+
+def test_feedback_is_charged_only_where_it_is_read(task) -> None:
+    read, unread = make_opt(task, llm_operators=True)[0], make_opt(task, llm_operators=False)[0]
+    read.run()
+    unread.run()
+    z_fb = [e.metadata["feedback_noise_multiplier"] for e in read.ledger.entries]
+    assert z_fb[:-1] == [read.noise_multiplier * read.config.feedback_noise_ratio] * 2 and z_fb[-1] is None
+    assert all(e.metadata["feedback_noise_multiplier"] is None for e in unread.ledger.entries)
+    # Same budget, less to pay for: the run without feedback gets less noise on its scores.
+    assert unread.noise_multiplier < read.noise_multiplier
+
+
+def test_the_feedback_matrix_describes_the_top_parent(task, monkeypatch) -> None:
+    opt, _ = make_opt(task, llm_operators=True, generations=4)
+    released, parents = [], []
+    score, run = opt.scorer.score, opt.parts.run
+    monkeypatch.setattr(opt.scorer, "score", lambda *a, **k: released.append(score(*a, **k)) or released[-1])
+    monkeypatch.setattr(opt.parts, "run", lambda *a, **k: parents.append(run(*a, **k).parents) or None)
+    opt.initialise_population()
+    for t in range(3):
+        opt.parts.run(t)
+    for scores, chosen in zip(released, parents):
+        assert scores.confusion_candidate_ids == [chosen[0].id]  # chosen from released scores: always used
 
 
 def test_calibration_fits_budget_for_both_selections(task) -> None:
@@ -346,3 +371,11 @@ def test_charge_is_on_disk_before_any_record_is_read(task, tmp_path: Path) -> No
     # The checkpoint from before the first charge lets the run resume (the charge is kept).
     state = json.loads((tmp_path / "checkpoint.json").read_text())
     assert state["generation"] == 0 and state["history"] == []
+
+
+def test_the_calibration_memo_keys_on_every_field_the_plan_reads() -> None:
+    from dp_textgrad.dp_es import plan as plan_module
+
+    keyed = set(plan_module._SCHEDULE_FIELDS)
+    assert keyed.isdisjoint(plan_module.PLAN_INDEPENDENT_FIELDS)
+    assert keyed | plan_module.PLAN_INDEPENDENT_FIELDS == set(DPESConfig.model_fields)

@@ -108,11 +108,68 @@ class _ExtendedRdpAccountant(rdp_lib.RdpAccountant):
         return super()._maybe_compose(event, count, do_compose)
 
 
+def _pure_picks(event: dpe.DpEvent) -> list[float] | None:
+    """The per-step epsilons of an event made only of pure-DP steps (run adaptively), else None."""
+    if isinstance(event, PureDpEvent):
+        return [float(event.epsilon)]
+    if isinstance(event, GumbelTopKDpEvent):  # one-shot top-k = k adaptive eps0-DP picks (peeling)
+        return [float(event.epsilon0)] * int(event.k)
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        inner = _pure_picks(event.event)
+        return None if inner is None else inner * int(event.count)
+    if isinstance(event, dpe.ComposedDpEvent):
+        picks: list[float] = []
+        for sub in event.events:
+            inner = _pure_picks(sub)
+            if inner is None:
+                return None
+            picks += inner
+        return picks
+    return None
+
+
+def subsampled_pure_dp_pmfs(epsilon0: float, picks: int, q: float) -> tuple[dict[int, float], dict[int, float]]:
+    """Log-pmfs of the tight dominating pair of ``picks`` adaptive eps0-DP steps run on one
+    Poisson subsample of rate q (add/remove neighbours): (q P + (1 - q) Q, Q).
+
+    (P, Q) = (A^picks, B^picks) with A, B the randomized-response pair of eps0: every
+    adaptive composition of eps0-DP steps is a post-processing of it (Kairouz, Oh and
+    Viswanath 2015), and Poisson subsampling turns a dominating pair (P, Q) into
+    (q P + (1 - q) Q, Q) for removal and its mirror for addition (Zhu, Dong and Wang
+    2022). By symmetry only the number j of "flipped" answers matters: binomial outcomes.
+    """
+    log_p = -float(np.logaddexp(0.0, -epsilon0))  # log e^eps / (1 + e^eps), stable for large eps
+    log_not_p = -float(np.logaddexp(0.0, epsilon0))
+    log_q, log_not_q = math.log(q), (math.log1p(-q) if q < 1.0 else -math.inf)
+    upper: dict[int, float] = {}
+    lower: dict[int, float] = {}
+    for j in range(picks + 1):
+        log_choose = math.lgamma(picks + 1) - math.lgamma(j + 1) - math.lgamma(picks - j + 1)
+        log_a = log_choose + (picks - j) * log_p + j * log_not_p  # P: the member's answers
+        log_b = log_choose + j * log_p + (picks - j) * log_not_p  # Q: without the member
+        lower[j] = log_b
+        upper[j] = float(np.logaddexp(log_q + log_a, log_not_q + log_b))
+    return upper, lower
+
+
+def subsampled_pure_dp_pld(epsilon0: float, picks: int, q: float,
+                           value_discretization_interval: float) -> pld_lib.PrivacyLossDistribution:
+    """PLD (both directions, pessimistic) of :func:`subsampled_pure_dp_pmfs`."""
+    mixture, member_absent = subsampled_pure_dp_pmfs(epsilon0, picks, q)
+    remove = pld_lib.from_two_probability_mass_functions(
+        member_absent, mixture, value_discretization_interval=value_discretization_interval)
+    add = pld_lib.from_two_probability_mass_functions(
+        mixture, member_absent, value_discretization_interval=value_discretization_interval)
+    return pld_lib.PrivacyLossDistribution(remove._pmf_remove, add._pmf_remove)
+
+
 class _ExtendedPldAccountant(_DpaPldAccountant):
     """dp-accounting's PLD accountant that also reads PureDp / GumbelTopK (also Poisson-sampled).
 
     A pure eps'-DP part becomes ``from_privacy_parameters(eps', 0)`` (the randomized
     response PLD, which dominates every eps'-DP mechanism), self-composed ``count`` times.
+    A Poisson-sampled part made of m equal eps0-DP steps gets the PLD of its tight
+    dominating pair (:func:`subsampled_pure_dp_pmfs`), not the looser RR(ln(1 + q(e^(m eps0) - 1))).
     """
 
     def __init__(self, value_discretization_interval: float) -> None:
@@ -142,7 +199,14 @@ class _ExtendedPldAccountant(_DpaPldAccountant):
         if isinstance(event, dpe.PoissonSampledDpEvent) and not _supported_by_dp_accounting(
             super()._maybe_compose, event
         ):
-            amplified = _pure_epsilon(event)
+            picks = _pure_picks(event.event)
+            q = float(event.sampling_probability)
+            if picks is not None and q > 0.0 and len(set(picks)) == 1 and 0.0 < picks[0] < math.inf:
+                if do_compose:
+                    single = subsampled_pure_dp_pld(picks[0], len(picks), q, self._value_discretization_interval)
+                    self._pld = self._pld.compose(single.self_compose(count) if count > 1 else single)
+                return None
+            amplified = _pure_epsilon(event)  # mixed steps: RR of the amplified total (valid, looser)
             if amplified is not None:
                 if do_compose:
                     self._compose_pure(amplified, count)
