@@ -11,9 +11,11 @@ from __future__ import annotations
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +72,74 @@ class TokenLogprobs:
     top_alternatives: list[list[tuple[str, float]]] = field(default_factory=list)
     vocab_mean: np.ndarray | None = None
     vocab_std: np.ndarray | None = None
+
+
+class ResultCache:
+    """A bounded in-memory LRU map of engine results, safe across threads.
+
+    Keys and values hold private text, so it lives in memory only. ``hits`` counts
+    lookups that found an entry; ``clear`` keeps it (it is a usage counter).
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.hits = 0
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> tuple[bool, Any]:
+        with self._lock:
+            if key not in self._items:
+                return False, None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return True, self._items[key]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_entries:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class CachesResults:
+    """Mixin for engines with an opt-in result cache (``_results``, ``None`` when off).
+
+    A ``None`` key marks a result that must not be cached (e.g. a sampled generation).
+    """
+
+    _results: ResultCache | None = None
+
+    @property
+    def cache_hits(self) -> int:
+        return self._results.hits if self._results is not None else 0
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._results) if self._results is not None else 0
+
+    def clear_cache(self) -> None:
+        """Forget every cached result (the cache holds private text in memory)."""
+        if self._results is not None:
+            self._results.clear()
+
+    def _cache_get(self, key: Hashable | None) -> tuple[bool, Any]:
+        if self._results is None or key is None:
+            return False, None
+        return self._results.get(key)
+
+    def _cache_put(self, key: Hashable | None, value: Any) -> None:
+        if self._results is not None and key is not None:
+            self._results.put(key, value)
 
 
 class Engine(EngineLM):

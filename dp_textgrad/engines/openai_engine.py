@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import openai
 
-from dp_textgrad.engines.base import Engine, TokenLogprobs
+from dp_textgrad.engines.base import CachesResults, Engine, ResultCache, TokenLogprobs
 from dp_textgrad.engines.openai_protocol import (
     _OPENAI_HOST,
     OpenAIEngineError,
@@ -52,7 +52,6 @@ from dp_textgrad.engines.openai_protocol import (
     _check_int,
     _CompletionResponse,
     _EchoUnavailable,
-    _ResponseCache,
     _tokens_overlapping,
     _validate,
 )
@@ -68,7 +67,7 @@ R = TypeVar("R")
 _LOCAL_PLACEHOLDER_KEY = "sk-no-key-needed"  # local servers ignore the key, the SDK wants one
 
 
-class OpenAIEngine(EchoScoring, Transport, Engine):
+class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
     """Generation and scoring through an OpenAI-compatible HTTP API.
 
     Parameters
@@ -158,8 +157,7 @@ class OpenAIEngine(EchoScoring, Transport, Engine):
             if requests_per_minute is not None else None
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._cache = _ResponseCache(cache_entries) if cache_entries else None
-        self.cache_hits = 0
+        self._results = ResultCache(cache_entries) if cache_entries else None
         self._state_lock = threading.Lock()
         self._echo_unavailable = False
         self._warned: set[str] = set()
@@ -200,14 +198,6 @@ class OpenAIEngine(EchoScoring, Transport, Engine):
     def close(self) -> None:
         self._client.close()
 
-    @property
-    def cache_size(self) -> int:
-        return len(self._cache) if self._cache is not None else 0
-
-    def clear_cache(self) -> None:
-        if self._cache is not None:
-            self._cache.clear()
-
     # -- generation -----------------------------------------------------------------
     def generate(self, prompt: str, system_prompt: str | None = None, *,
                  max_tokens: int | None = None, **kwargs: Any) -> str:
@@ -226,10 +216,10 @@ class OpenAIEngine(EchoScoring, Transport, Engine):
             system = system_prompt if system_prompt is not None else self.system_prompt
         else:
             system = system_prompt  # a base model has no system role: prepend only when asked
-        key = ("generate", self.model, self.base_url, self.mode, prompt, system,
-               float(temperature), seed, max_tokens, tuple(stop) if stop else None)
         cacheable = temperature == 0 or seed is not None  # sampling is never served from cache
-        hit, value = self._cache_get(key, cacheable)
+        key = ("generate", self.model, self.base_url, self.mode, prompt, system,
+               float(temperature), seed, max_tokens, tuple(stop) if stop else None) if cacheable else None
+        hit, value = self._cache_get(key)
         if hit:
             return value
 
@@ -248,7 +238,7 @@ class OpenAIEngine(EchoScoring, Transport, Engine):
             full_prompt = f"{system}\n\n{prompt}" if system else prompt
             data = self._request("completions", {"prompt": full_prompt, **options}, "generate")
             text = _validate(_CompletionResponse, data, self, "generate").choices[0].text
-        self._cache_put(key, cacheable, text)
+        self._cache_put(key, text)
         return text
 
     def generate_many(self, prompts: Sequence[str], system_prompt: str | None = None, **kwargs: Any) -> list[str]:

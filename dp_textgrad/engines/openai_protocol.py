@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Hashable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -129,37 +126,6 @@ class _EchoUnavailable(Exception):
         super().__init__("no prompt log-probs")
         self.prompt = prompt
         self.rejection = rejection
-
-
-class _ResponseCache:
-    """A bounded in-memory LRU map, safe across threads."""
-
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self._items: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> tuple[bool, Any]:
-        with self._lock:
-            if key not in self._items:
-                return False, None
-            self._items.move_to_end(key)
-            return True, self._items[key]
-
-    def put(self, key: Hashable, value: Any) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
 
 
 # -- module helpers ------------------------------------------------------------------

@@ -83,7 +83,7 @@ class EchoScoring:
     def _echo(self, prompt: str) -> list[_EchoToken]:
         """The prompt's tokens with their log-probs, from one echo request (cached if enabled)."""
         key = ("echo", self.model, self.base_url, prompt, self.top_logprobs)
-        hit, value = self._cache_get(key, True)
+        hit, value = self._cache_get(key)
         if hit:
             return value
         body = {"prompt": prompt, "echo": True, "logprobs": self.top_logprobs,
@@ -97,7 +97,7 @@ class EchoScoring:
             raise
         choice = _validate(_CompletionResponse, data, self, "echo scoring").choices[0]
         tokens = _echoed_prompt_tokens(prompt, choice.text, choice.logprobs, self.top_logprobs)
-        self._cache_put(key, True, tokens)
+        self._cache_put(key, tokens)
         return tokens
 
     def _choice_logprobs_first_token(self, context: str, choices: list[str]) -> list[float]:
@@ -123,7 +123,7 @@ class EchoScoring:
 
     def _first_token_top(self, context: str) -> list[tuple[str, float]]:
         key = ("first_token", self.model, self.base_url, self.mode, context)
-        hit, value = self._cache_get(key, True)
+        hit, value = self._cache_get(key)
         if hit:
             return value
         if self.mode == "chat":
@@ -140,5 +140,5 @@ class EchoScoring:
             logprobs = _validate(_CompletionResponse, data, self, "first-token scoring").choices[0].logprobs
             first = logprobs.top_logprobs[0] if logprobs and logprobs.top_logprobs else None
             top = list(first.items()) if first else []
-        self._cache_put(key, True, top)
+        self._cache_put(key, top)
         return top

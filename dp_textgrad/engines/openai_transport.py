@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
@@ -128,19 +128,6 @@ class Transport:
                 for future in futures:  # fail fast: drop what has not started
                     future.cancel()
                 raise
-
-    def _cache_get(self, key: Hashable, cacheable: bool) -> tuple[bool, Any]:
-        if self._cache is None or not cacheable:
-            return False, None
-        hit, value = self._cache.get(key)
-        if hit:
-            with self._state_lock:
-                self.cache_hits += 1
-        return hit, value
-
-    def _cache_put(self, key: Hashable, cacheable: bool, value: Any) -> None:
-        if self._cache is not None and cacheable:
-            self._cache.put(key, value)
 
     def _warn_once(self, key: str, message: str) -> None:
         with self._state_lock:

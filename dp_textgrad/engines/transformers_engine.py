@@ -21,12 +21,11 @@ import math
 import os
 import secrets
 import threading
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 
-from dp_textgrad.engines.base import Engine, EngineError
+from dp_textgrad.engines.base import CachesResults, Engine, EngineError, ResultCache
 
 from dp_textgrad.engines.transformers_loading import (
     INSTALL_HINT,
@@ -40,7 +39,7 @@ _DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16", "
                 "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
-class TransformersEngine(HfScoring, Engine):
+class TransformersEngine(HfScoring, CachesResults, Engine):
     """A causal language model run in-process with Hugging Face ``transformers``.
 
     Load it from ``model_name_or_path`` (a local directory, a ``.gguf`` file, or a hub
@@ -123,9 +122,7 @@ class TransformersEngine(HfScoring, Engine):
         self.use_chat_template = use_chat_template
         self.reuse_prefix = reuse_prefix
         self._lock = threading.RLock()
-        self._cache: OrderedDict[Hashable, Any] | None = OrderedDict() if cache else None
-        self._cache_max_entries = cache_max_entries
-        self.cache_hits = 0
+        self._results = ResultCache(cache_max_entries) if cache else None
         self._keeps_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._eos_ids = self._collect_eos_ids()
         self._pad_id = self._first_id("pad_token_id", "eos_token_id", "bos_token_id") or 0
@@ -193,32 +190,6 @@ class TransformersEngine(HfScoring, Engine):
                 continue
             ids.update(int(v) for v in (source if isinstance(source, (list, tuple, set)) else [source]))
         return frozenset(ids)
-
-    # -- cache ------------------------------------------------------------------------
-    def _cache_get(self, key: Hashable | None) -> Any:
-        if self._cache is None or key is None:
-            return None
-        with self._lock:
-            value = self._cache.get(key)
-            if value is not None:
-                self._cache.move_to_end(key)
-                self.cache_hits += 1
-            return value
-
-    def _cache_put(self, key: Hashable | None, value: Any) -> None:
-        if self._cache is None or key is None:
-            return
-        with self._lock:
-            self._cache[key] = value
-            self._cache.move_to_end(key)
-            while len(self._cache) > self._cache_max_entries:
-                self._cache.popitem(last=False)
-
-    def clear_cache(self) -> None:
-        """Forget every cached result (the cache holds private text in memory)."""
-        with self._lock:
-            if self._cache is not None:
-                self._cache.clear()
 
     # -- tokenization -----------------------------------------------------------------
     @property
@@ -304,8 +275,8 @@ class TransformersEngine(HfScoring, Engine):
         resolved_system = self.system_prompt if system_prompt is None else system_prompt
         # Sampling is never cached: a repeated call must draw again.
         key = ("generate", prompt, resolved_system, max_tokens, stops) if temperature == 0 else None
-        cached = self._cache_get(key)
-        if cached is not None:
+        hit, cached = self._cache_get(key)
+        if hit:
             return cached
         with self._timed() as timer, self._lock, self._torch.no_grad():
             ids = self._prompt_ids(prompt, system_prompt)

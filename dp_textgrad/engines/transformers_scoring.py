@@ -39,8 +39,8 @@ class HfScoring:
         if not suffixes:
             return np.zeros((0, len(choices)))
         key = ("score", prefix, suffixes, choices)
-        cached = self._cache_get(key)
-        if cached is not None:
+        hit, cached = self._cache_get(key)
+        if hit:
             return cached.copy()
         with self._timed() as timer, self._lock, self._torch.no_grad():
             scores, tokens = self._score(prefix, suffixes, choices)
@@ -162,8 +162,8 @@ class HfScoring:
         position the mean and standard deviation of log p(z) for z drawn from the model's
         next-token distribution over the full vocabulary (Min-K%++'s mu and sigma)."""
         key = ("tokens", text, context)
-        cached = self._cache_get(key)
-        if cached is not None:
+        hit, cached = self._cache_get(key)
+        if hit:
             return cached
         with self._timed() as timer, self._lock, self._torch.no_grad():
             context_ids = self._encode_context(context)
@@ -213,8 +213,8 @@ class HfScoring:
         parameters' ``.grad`` and ``requires_grad`` are restored afterwards.
         """
         key = ("grad_norm", text, context)
-        cached = self._cache_get(key)
-        if cached is not None:
+        hit, cached = self._cache_get(key)
+        if hit:
             return cached
         torch = self._torch
         with self._timed() as timer, self._lock:

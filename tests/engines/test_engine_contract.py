@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dp_textgrad._textgrad import import_textgrad
-from dp_textgrad.engines.base import Engine, EngineError, TokenLogprobs
+from dp_textgrad.engines.base import CachesResults, Engine, EngineError, ResultCache, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -204,3 +204,27 @@ def test_errors_are_engine_errors_without_prompt_text(engine: Engine, case: Engi
         assert "Zxqv" not in str(caught.value)
     # The engine still works afterwards.
     assert engine.score_choices_batch(PREFIX, SUFFIXES[:1], CHOICES).shape == (1, 2)
+
+
+def test_result_cache_is_a_bounded_lru_that_counts_hits() -> None:
+    cache = ResultCache(2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == (True, 1)  # "a" is now the most recent, so "b" goes first
+    cache.put("c", 3)
+    assert (cache.get("b"), cache.get("c"), len(cache), cache.hits) == ((False, None), (True, 3), 2, 2)
+    cache.clear()
+    assert (len(cache), cache.hits) == (0, 2)  # the hit count is usage, kept across clear
+
+
+def test_a_none_key_is_never_cached() -> None:
+    holder = CachesResults()
+    holder._cache_put("k", 1)  # no cache: a no-op
+    assert (holder._cache_get("k"), holder.cache_hits, holder.cache_size) == ((False, None), 0, 0)
+    holder._results = ResultCache(4)
+    holder._cache_put(None, 1)  # e.g. a sampled generation
+    assert (holder._cache_get(None), holder.cache_size) == ((False, None), 0)
+    holder._cache_put("k", 1)
+    assert (holder._cache_get("k"), holder.cache_hits, holder.cache_size) == ((True, 1), 1, 1)
+    holder.clear_cache()
+    assert holder.cache_size == 0
