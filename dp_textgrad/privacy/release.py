@@ -14,7 +14,7 @@ Each field of each channel has one class:
 Writers do not pick fields themselves: they hand the whole payload to :func:`split`,
 which returns the released part and the operator-only part and refuses a field the
 table does not classify. So a new statistic cannot reach a file without a decision
-here, and the twin-run test (``tests/test_release_twin.py``) checks the table: flip an
+here, and the twin-run test (``tests/dp_es/test_release_twin.py``) checks the table: flip an
 operator-only field to ``public`` and the test fails.
 
 ``docs/privacy.md`` renders this table for readers (``python -m dp_textgrad.privacy.release``
