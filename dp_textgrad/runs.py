@@ -48,7 +48,7 @@ OPERATOR_README = (
 
 @dataclass(frozen=True)
 class RunDir:
-    """Every path of a run directory, spelled once (the layout the release boundary describes)."""
+    """The paths of a run directory that runs and resumes use (every file name is a constant above)."""
 
     path: Path
 
@@ -78,27 +78,6 @@ class RunDir:
     @property
     def prompt(self) -> Path:
         return self.path / PROMPT_NAME
-
-    @property
-    def report(self) -> Path:
-        return self.path / REPORT_NAME
-
-    @property
-    def plots(self) -> Path:
-        return self.path / PLOTS_DIR
-
-    @property
-    def audit(self) -> Path:
-        return self.path / AUDIT_NAME
-
-    @property
-    def cli_settings(self) -> Path:
-        return self.path / CLI_SETTINGS_NAME
-
-    @property
-    def operator(self) -> Path:
-        """``operator/``, created with its do-not-share README."""
-        return operator_dir(self.path)
 
     def read_state(self) -> RunState:
         if not self.checkpoint.exists():

@@ -150,10 +150,7 @@ class DPScorer:
         self._charge(mechanism, label, candidates, {"feedback_candidates": 1 if callable(feedback_candidates)
                                                     else len(fixed or [])})
         # ---- private data is read only below this line, after the charge ----
-        return self._run(candidates, label, lambda sums: mechanism.release(sums, self.noise), mechanism.noise_std,
-                         feedback_candidates if callable(feedback_candidates) else fixed,
-                         lambda counts: mechanism.release_confusion(counts, self.noise),
-                         mechanism.confusion_noise_std)
+        return self._run(candidates, label, mechanism, feedback_candidates if callable(feedback_candidates) else fixed)
 
     def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: FeedbackChoice = ()) -> ReleasedScores:
         """NOT PRIVATE: exact scores (and confusion matrices) on a subsample, for baselines.
@@ -167,21 +164,26 @@ class DPScorer:
                                   "marked unsafe (use DPESConfig(privacy='off') for a non-private baseline)")
         candidates = _check_candidates(candidates)
         fixed = None if callable(feedback_candidates) else self._check_feedback(feedback_candidates, len(candidates))
-        return self._run(candidates, "exact scores (privacy off)", lambda sums: np.asarray(sums, dtype=float), 0.0,
-                         feedback_candidates if callable(feedback_candidates) else fixed,
-                         lambda counts: counts, lambda matrices: 0.0)
+        return self._run(candidates, "exact scores (privacy off)", None,
+                         feedback_candidates if callable(feedback_candidates) else fixed)
 
-    def _run(self, candidates: list[CandidateLike], label: str, release_sums: Any, noise_std: float,
-             feedback: Any, release_confusion: Any, confusion_std: Any) -> ReleasedScores:
+    def _run(self, candidates: list[CandidateLike], label: str, mechanism: GaussianScoreMechanism | None,
+             feedback: Any) -> ReleasedScores:
         """Subsample, release the sums, then (if asked) the confusion matrices on the same subsample.
 
-        The per-record outcomes stay in this frame; a feedback chooser sees only released values.
+        ``mechanism`` None: exact values (the non-private baseline). The per-record outcomes
+        stay in this frame; a feedback chooser sees only released values.
         """
         held: dict[str, Any] = {}
+        noise_std = mechanism.noise_std if mechanism is not None else 0.0
 
         def read_scores() -> np.ndarray:
             sums, held["outcomes"] = self._utility_sums(candidates)
-            return release_sums(sums)
+            return mechanism.release(sums, self.noise) if mechanism is not None else np.asarray(sums, dtype=float)
+
+        def read_confusion() -> np.ndarray:
+            counts = self._confusions(held["outcomes"], feedback)
+            return mechanism.release_confusion(counts, self.noise) if mechanism is not None else counts
 
         try:
             released = self._released(candidates, self._read_private(label, read_scores), noise_std, [], None, None)
@@ -192,10 +194,9 @@ class DPScorer:
                                      "were charged; return at least one index")
             if not feedback:
                 return released
-            confusion = self._read_private(label, lambda: release_confusion(self._confusions(held["outcomes"],
-                                                                                             feedback)))
-            return self._released(candidates, released.noisy_sums, noise_std, feedback, confusion,
-                                  confusion_std(len(feedback)))
+            confusion = self._read_private(label, read_confusion)
+            confusion_std = mechanism.confusion_noise_std(len(feedback)) if mechanism is not None else 0.0
+            return self._released(candidates, released.noisy_sums, noise_std, feedback, confusion, confusion_std)
         finally:
             held.clear()
 

@@ -113,17 +113,24 @@ class SelectionStrategy(ABC):
         return population.best(1)[0] if self.releases_scores else parents[0]
 
 
-def _record_and_choose(population: Any, candidates: list[Any], generation: int, parents: int,
-                       chosen: list[Any]) -> Any:
-    """Post-processing of released scores: record them, keep the top ``parents``; return the
-    feedback chooser (the top parent's confusion matrix: the one a critique will use)."""
+def _release_then_choose(release: Any, population: Any, candidates: list[Any], generation: int, parents: int,
+                         with_feedback: bool) -> Choice:
+    """Release the scores (``release(feedback_chooser)``), record them, keep the top ``parents``.
+
+    With feedback, the chooser runs between the scores and the matrices: it sees the
+    released scores only and names the top parent (the candidate whose critique is used).
+    """
+    chosen: list[Any] = []
 
     def choose(released: ReleasedScores) -> list[int]:
         population.record(released, generation)
         chosen.extend(population.best(parents))
         return [next(i for i, c in enumerate(candidates) if c.id == chosen[0].id)]
 
-    return choose
+    released = release(choose if with_feedback else ())
+    if not chosen:
+        choose(released)
+    return Choice(chosen, released)
 
 
 def feedback_is_used(config: Any, generation: int) -> bool:
@@ -148,14 +155,11 @@ class NoisyScoreTopK(SelectionStrategy):
 
     def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
                generation: int, parents: int) -> Choice:
-        scores, chosen = mechanisms.scores, []
-        choose = _record_and_choose(population, candidates, generation, parents, chosen)
+        scores = mechanisms.scores
         label = f"generation {generation}: noisy scores of {len(candidates)} candidates" + \
             (" + DP confusion matrix of the top parent" if scores.releases_feedback else "")
-        released = scorer.score(candidates, scores, label, feedback_candidates=choose if scores.releases_feedback else ())
-        if not chosen:
-            choose(released)
-        return Choice(chosen, released)
+        return _release_then_choose(lambda chooser: scorer.score(candidates, scores, label, feedback_candidates=chooser),
+                                    population, candidates, generation, parents, scores.releases_feedback)
 
     def describe(self, value: float | None, parents: int) -> str:
         return f"Gaussian noisy scores, noise multiplier z = {value:.4f}; parents: top-{parents} of the estimates"
@@ -172,12 +176,8 @@ class ExactScores(NoisyScoreTopK):
 
     def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
                generation: int, parents: int) -> Choice:
-        chosen: list[Any] = []
-        choose = _record_and_choose(population, candidates, generation, parents, chosen)
-        released = scorer.score_exact(candidates, feedback_candidates=choose if mechanisms.exact_feedback else ())
-        if not chosen:
-            choose(released)
-        return Choice(chosen, released)
+        return _release_then_choose(lambda chooser: scorer.score_exact(candidates, feedback_candidates=chooser),
+                                    population, candidates, generation, parents, mechanisms.exact_feedback)
 
     def describe(self, value: float | None, parents: int) -> str:
         return "NOT PRIVATE: exact scores (privacy 'off')"
