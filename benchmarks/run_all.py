@@ -22,9 +22,11 @@ HERE = Path(__file__).resolve().parent
 # name -> arguments; the order puts the cheap, machine-only benchmarks first.
 BENCHMARKS: dict[str, list[str]] = {
     "accounting": [],
+    "calibration_time": [],
     "engine_throughput": ["--threads", "1"],
     "openai_concurrency": [],
     "peak_rss": [],
+    "fault_injection": [],
     "privacy_utility": [],
 }
 

@@ -1,8 +1,9 @@
 """Command line: ``dp-textgrad demo | optimize | budget | report``.
 
 Errors are one clear line (``dp-textgrad --debug ...`` shows the traceback). Exit codes:
-0 success, 1 run failure (engine errors, nothing could be released), 2 bad input or
-configuration, 130 interrupted (the run stops after a clean checkpoint; resume it with
+0 success, 3 a prompt was released after an early stop (budget exhausted or a callback;
+the console and ``result.json`` say why), 1 run failure (engine errors, nothing could be
+released), 2 bad input or configuration (nothing charged), 130 interrupted (the run stops after a clean checkpoint; resume it with
 ``dp-textgrad optimize --resume RUN_DIR``).
 """
 
@@ -40,6 +41,7 @@ err = Console(stderr=True)
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
+EXIT_STOPPED_EARLY = 3
 EXIT_INTERRUPTED = 130
 
 # What the CLI saves in a run directory so that `optimize --resume` can rebuild the task and engine.
@@ -48,13 +50,15 @@ CLI_SETTINGS_NAME = runs.CLI_SETTINGS_NAME
 _state: dict[str, bool] = {"debug": False}
 
 
-def _mount_audit() -> None:
+def _mount_commands() -> None:
     from dp_textgrad.audit.cli import audit_app
+    from dp_textgrad.cli_ledger import ledger
 
     app.add_typer(audit_app, name="audit")
+    app.command()(ledger)
 
 
-_mount_audit()
+_mount_commands()
 
 
 @app.callback()
@@ -73,9 +77,10 @@ def _fail(exc: BaseException, code: int) -> None:
 
 
 def _bad_input_types() -> tuple[type[BaseException], ...]:
+    from dp_textgrad.privacy.accounting.lifetime import LifetimeCapExceeded
     from dp_textgrad.privacy.data import PrivateDataError
 
-    return (ValueError, FileNotFoundError, ValidationError, PrivateDataError)
+    return (ValueError, FileNotFoundError, ValidationError, PrivateDataError, LifetimeCapExceeded)
 
 
 def _config_from(settings: dict[str, Any]):
@@ -103,7 +108,7 @@ def build_task(section: TaskSection):
         return build_task_from_files(
             "custom", section.train, section.test, public=section.public, labels=section.labels,
             text_column=section.text_column, label_column=section.label_column,
-            description=section.description, **options,
+            description=section.description, encoding=section.encoding, **options,
         )
     except TypeError as exc:
         raise ValueError(f"task.options: not accepted by the task builder ({exc})") from None
@@ -191,13 +196,21 @@ def demo(
         with GracefulStop() as stop:
             return run_with_progress(console, task, engine, config, task_name="support (built-in)",
                                       engine_name=engine.model_string, runs_root=runs_root,
-                                      run_dir=holder["dir"], stop=stop)
+                                      run_dir=holder["dir"], stop=stop, lifetime=settings.output.lifetime())
 
-    print_outcome(console, _guarded(action, lambda: holder.get("dir")))
+    _finish(_guarded(action, lambda: holder.get("dir")))
+
+
+def _finish(outcome) -> None:
+    from dp_textgrad.workflow import stopped_early
+
+    print_outcome(console, outcome)
+    if stopped_early(outcome.result.stopped_because):
+        raise typer.Exit(EXIT_STOPPED_EARLY)
 
 
 _RESUME_FIXED = ("config", "epsilon", "delta", "generations", "population", "parents", "sampling_rate",
-                 "selection", "seed", "task", "train", "test", "runs_root")
+                 "selection", "seed", "task", "train", "test", "runs_root", "encoding")
 
 
 @app.command()
@@ -216,16 +229,25 @@ def optimize(
     task: Optional[str] = typer.Option(None, help="built-in task: support | sst2 | banking77 (task.name)"),
     train: Optional[Path] = typer.Option(None, help="private training file .csv/.tsv/.jsonl (task.train)"),
     test: Optional[Path] = typer.Option(None, help="test file (task.test)"),
+    encoding: Optional[str] = typer.Option(None, help="encoding of the task files, e.g. latin-1 (task.encoding)"),
     engine: Optional[str] = typer.Option(None, help="llama_cpp | openai | transformers (engine.kind)"),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1"),
     model: Optional[str] = typer.Option(None, help="engine.model: GGUF path, model name, or HF name/path"),
     runs_root: Optional[Path] = typer.Option(None, help="where run directories are created (output.runs_root)"),
+    lifetime_cap: Optional[float] = typer.Option(None, help="refuse to push the dataset's lifetime epsilon past "
+                                                             "this (output.lifetime_cap)"),
+    override_lifetime_cap: bool = typer.Option(False, "--override-lifetime-cap",
+                                               help="run even past the lifetime cap (recorded in the ledger)"),
+    lifetime_store: Optional[Path] = typer.Option(None, help="lifetime budget store (output.lifetime_store; "
+                                                              "default RUNS_ROOT/operator/lifetime_budget.sqlite)"),
 ) -> None:
     """Optimize a prompt with DP-ES on your data and any engine. Flags override the config file."""
     given = dict(config=config, epsilon=epsilon, delta=delta, generations=generations, population=population,
                  parents=parents, sampling_rate=sampling_rate, selection=selection, seed=seed, task=task,
-                 train=train, test=test, runs_root=runs_root)
+                 train=train, test=test, runs_root=runs_root, encoding=encoding)
     engine_flags = dict(kind=engine, base_url=base_url, model=model)
+    lifetime_flags = dict(lifetime_cap=lifetime_cap, override_lifetime_cap=override_lifetime_cap or None,
+                          lifetime_store=lifetime_store)
     holder: dict[str, Path] = {}
 
     def action():
@@ -242,14 +264,18 @@ def optimize(
             if not runs.RunDir(directory).checkpoint.is_file():
                 raise ConfigError(f"resume: no checkpoint.json in {directory}; is this a run directory?")
             if runs.RunDir(directory).result.is_file():
-                raise ConfigError(f"resume: the run in {directory} has finished; rebuild its report with "
-                                  "`dp-textgrad report RUN_DIR` or start a new run")
+                from dp_textgrad.workflow import complete_finished
+
+                restored = complete_finished(directory)  # a kill after result.json: finish the run log
+                raise ConfigError(f"resume: the run in {directory} has finished"
+                                  + ("; its missing run-log line was restored" if restored else "")
+                                  + "; rebuild its report with `dp-textgrad report RUN_DIR` or start a new run")
             if not (directory / CLI_SETTINGS_NAME).is_file():
                 raise ConfigError(f"resume: no {CLI_SETTINGS_NAME} in {directory} (the run was not started "
                                   "from the command line); resume it with workflow.run(..., resume=True)")
             saved = runs.read_json(directory / CLI_SETTINGS_NAME)
             saved["dp"] = runs.read_json(runs.RunDir(directory).config)["config"]
-            settings = build_settings(saved, {"engine": engine_flags})
+            settings = build_settings(saved, {"engine": engine_flags, "output": lifetime_flags})
             holder["dir"] = directory
         else:
             raw = read_config_file(config) if config is not None else {}
@@ -257,11 +283,11 @@ def optimize(
                 "dp": dict(epsilon=epsilon, delta=delta, generations=generations, population=population,
                            parents=parents, sampling_rate=sampling_rate, selection=selection, seed=seed),
                 "task": dict(name=task, train=train.resolve() if train else None,
-                             test=test.resolve() if test else None),
+                             test=test.resolve() if test else None, encoding=encoding),
                 "engine": engine_flags,
-                "output": dict(runs_root=runs_root),
+                "output": dict(runs_root=runs_root, **lifetime_flags),
             }
-            settings = build_settings(raw, flags)
+            settings = build_settings(raw, flags, source=config)
             directory = None
         the_task = build_task(settings.task)
         the_engine = make_engine(settings.engine)
@@ -272,9 +298,9 @@ def optimize(
                 the_task, the_engine, settings.dp, task_name=settings.task.display_name(),
                 engine_name=str(getattr(the_engine, "model_string", settings.engine.kind)),
                 runs_root=settings.output.runs_root, run_dir=directory, resume=resume is not None,
-                evaluate=settings.output.evaluate, stop=stop)
+                evaluate=settings.output.evaluate, stop=stop, lifetime=settings.output.lifetime())
 
-    print_outcome(console, _guarded(action, lambda: holder.get("dir")))
+    _finish(_guarded(action, lambda: holder.get("dir")))
 
 
 @app.command()

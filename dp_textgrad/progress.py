@@ -48,7 +48,7 @@ class GracefulStop:
 
 def run_with_progress(console: Console, task, engine, config, *, task_name: str, engine_name: str, runs_root: Path,
                        run_dir: Optional[Path] = None, resume: bool = False, evaluate: bool = True,
-                       stop: Optional[GracefulStop] = None):
+                       stop: Optional[GracefulStop] = None, lifetime=None):
     from rich.progress import BarColumn, Progress, TextColumn
 
     from dp_textgrad import workflow
@@ -69,7 +69,14 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
         holder["generations"] = cfg.generations
         holder["epsilon"] = cfg.epsilon
         mech = optimizer.plan.describe()
-        resumed = f" Resuming at generation {optimizer.generation}." if resume else ""
+        spent = optimizer.ledger.epsilon()
+        resumed = ""
+        if resume:
+            lost = (f"; {optimizer.interrupted_charges} of its {len(optimizer.ledger.entries)} charge(s) belong to an "
+                    "interrupted generation: they stay spent, and that generation runs again"
+                    if optimizer.interrupted_charges else "")
+            resumed = (f" Resuming at generation {optimizer.generation + 1} of {cfg.generations}: epsilon "
+                       f"{spent:.4g} of {cfg.epsilon} already spent{lost}.")
         console.print(
             f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
             f"({cfg.generations} generations x {cfg.population} candidates, q = {cfg.sampling_rate:.4f}, "
@@ -87,7 +94,7 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
         if cfg.mode == "unsafe":
             console.print("[bold red]UNSAFE mode: raw private examples reach the mutator. NOT differentially private.[/]")
         holder["task"] = progress.add_task("dp-es", total=cfg.generations, completed=optimizer.generation,
-                                           best="-", eps="0", tokens=0)
+                                           best="-", eps=f"{spent:.3g}/{cfg.epsilon:g}", tokens=0)
         if console.is_terminal:  # a live bar; elsewhere (logs, nohup) one plain line per generation
             progress.start()
 
@@ -105,10 +112,15 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
         if stop is not None and stop.requested and report.generation + 1 < holder["generations"]:
             raise StopAfterCheckpoint
 
+    def on_lifetime(status) -> None:
+        # Shown to the data's owner before any charge of this run (see docs/privacy.md, lifetime budget).
+        console.print(f"[bold]Lifetime budget[/]: {status.describe()}", soft_wrap=True, highlight=False)
+
     try:
         return workflow.run(task, engine, config, runs_root=runs_root, run_dir=run_dir, resume=resume,
                             evaluate=evaluate, on_start=on_start, on_generation=on_generation,
-                            task_name=task_name, engine_name=engine_name)
+                            task_name=task_name, engine_name=engine_name, lifetime=lifetime,
+                            on_lifetime=on_lifetime)
     finally:
         progress.stop()
 
@@ -131,6 +143,13 @@ def print_outcome(console: Console, outcome) -> None:
                       f"McNemar p = {ev.mcnemar_p:.2g}")
         console.print(f"[bold]Test accuracy[/] (n={ev.n_test}, not covered by DP): seed {ev.seed_accuracy:.3f} -> "
                       f"released {ev.released_accuracy:.3f}{paired}", soft_wrap=True)
+    from dp_textgrad.workflow import stopped_early
+
+    if stopped_early(result.stopped_because):
+        console.print(f"[bold yellow]Stopped early[/] after {result.generations_run} of "
+                      f"{outcome.optimizer.config.generations} generations: {result.stopped_because}. The prompt "
+                      f"released is the best one the DP estimates saw so far; epsilon spent {result.epsilon:.4g} of "
+                      f"{outcome.optimizer.config.epsilon:g}.", soft_wrap=True, highlight=False)
     usage = result.public_usage
     console.print(f"[bold]Cost[/] (public figures): {result.generations_run} generations x about "
                   f"{result.planned_private_evaluations:.0f} planned private record evaluations; public phase "

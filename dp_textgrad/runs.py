@@ -108,12 +108,15 @@ class RunState:
     history: list[dict[str, Any]] = field(default_factory=list)
     stopped_because: str | None = None
     variable_value: str | None = None
+    charges: int | None = None  # ledger entries when the checkpoint was written (None: older checkpoints)
+    interrupted_charges: int = 0  # charges of interrupted generations so far (spent, no result)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": CHECKPOINT_FORMAT, "generation": self.generation, "config": self.config,
                 "plan_value": self.plan_value, "population": self.population,
                 "public_rng_state": self.public_rng_state, "history": self.history,
-                "stopped_because": self.stopped_because, "variable_value": self.variable_value}
+                "stopped_because": self.stopped_because, "variable_value": self.variable_value,
+                "charges": self.charges, "interrupted_charges": self.interrupted_charges}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunState:
@@ -129,14 +132,40 @@ class RunState:
         return cls(generation=int(data["generation"]), config=dict(data["config"]),
                    plan_value=None if value is None else float(value), population=dict(data["population"]),
                    public_rng_state=dict(data["public_rng_state"]), history=list(data.get("history", [])),
-                   stopped_because=data.get("stopped_because"), variable_value=data.get("variable_value"))
+                   stopped_because=data.get("stopped_because"), variable_value=data.get("variable_value"),
+                   charges=None if data.get("charges") is None else int(data["charges"]),
+                   interrupted_charges=int(data.get("interrupted_charges") or 0))
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "run") -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path(root) / f"{prefix}-{stamp}-{secrets.token_hex(2)}"
-    path.mkdir(parents=True, exist_ok=False)
+    try:
+        path.mkdir(parents=True, exist_ok=False)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise OSError(f"output.runs_root: cannot create a run directory in {root} ({exc.strerror or exc}); "
+                      "choose a writable --runs-root; nothing was charged") from None
     return path
+
+
+def check_writable(directory: str | Path) -> None:
+    """Fail before any charge if ``directory`` cannot take a file (permissions, full disk)."""
+    probe = Path(directory) / f".write-check-{secrets.token_hex(4)}"
+    try:
+        with probe.open("wb") as handle:
+            handle.write(b"0" * 4096)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        raise OSError(f"output: cannot write in {directory} ({exc.strerror or exc}); free space or choose another "
+                      "output.runs_root; nothing was charged") from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
 
 
 def code_version() -> str:

@@ -10,7 +10,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dp_textgrad.dp_es.config import DPESConfig
 
@@ -32,6 +32,18 @@ class TaskSection(_Section):
     public: Optional[Path] = Field(None, description="public examples that may be shown to the LLM")
     text_column: str = "text"
     label_column: str = "label"
+    encoding: str = Field("utf-8-sig", description="text encoding of the files (e.g. latin-1)")
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, value: str) -> str:
+        import codecs
+
+        try:
+            codecs.lookup(value)
+        except LookupError:
+            raise ValueError(f"unknown encoding {value!r}; use a Python codec name such as utf-8 or latin-1") from None
+        return value
     labels: Optional[list[str]] = Field(None, description="the classes (default: the labels of the test file)")
     description: str = Field("", description="public description of the task, shown to the mutation LLM")
     record_template: Optional[str] = Field(None, description="how a record is shown, with {text}")
@@ -79,6 +91,18 @@ class EngineSection(_Section):
 class OutputSection(_Section):
     runs_root: Path = Field(Path("runs"), description="where run directories are created")
     evaluate: bool = Field(True, description="report test accuracy of the seed and released prompts (not DP)")
+    lifetime_store: Optional[Path] = Field(None, description="SQLite file of the lifetime budget per dataset "
+                                                             "(default: <runs_root>/operator/lifetime_budget.sqlite)")
+    lifetime_cap: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
+                                          description="refuse a run that would push its dataset's lifetime "
+                                                      "epsilon past this (default: no cap, only shown)")
+    override_lifetime_cap: bool = Field(False, description="run even past the lifetime cap (the ledger says so)")
+
+    def lifetime(self):
+        from dp_textgrad.lifetime import LifetimeOptions
+
+        return LifetimeOptions(store=self.lifetime_store, cap=self.lifetime_cap,
+                               override_cap=self.override_lifetime_cap)
 
 
 class OptimizeSettings(_Section):
@@ -100,20 +124,44 @@ def _known_keys(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def format_settings_error(error: ValidationError) -> str:
-    """One clause per problem, naming the key; unknown keys get a spelling suggestion."""
+def _key_line(source: Path | None, loc: tuple[Any, ...]) -> str:
+    """' (FILE line N)' for the deepest key of ``loc`` found in the file, else ''."""
+    if source is None or not loc:
+        return ""
+    import re
+
+    try:
+        lines = source.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    section, key = str(loc[0]), str(loc[-1])
+    in_section = len(loc) == 1
+    for number, line in enumerate(lines, start=1):
+        if re.match(rf"^\s*\[\s*{re.escape(section)}\s*\]", line) or re.match(rf"^{re.escape(section)}\s*:", line):
+            in_section = True
+            if len(loc) == 1:
+                return f" ({source.name} line {number})"
+            continue
+        if in_section and re.match(rf"^\s*{re.escape(key)}\s*[:=]", line):
+            return f" ({source.name} line {number})"
+    return f" ({source.name})"
+
+
+def format_settings_error(error: ValidationError, source: Path | None = None) -> str:
+    """One clause per problem, naming the key (and its line in ``source``); unknown keys get a spelling suggestion."""
     parts = []
     for item in error.errors():
         loc = tuple(item.get("loc", ()))
         where = ".".join(str(x) for x in loc) or "config"
+        at = _key_line(source, loc)
         if item.get("type") == "extra_forbidden":
             known = _known_keys(loc)
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else (f"; known keys: {', '.join(known)}" if known else "")
-            parts.append(f"{where}: unknown key{hint}")
+            parts.append(f"{where}: unknown key{hint}{at}")
         else:
             message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
-            parts.append(f"{where}: {message}")
+            parts.append(f"{where}: {message}{at}")
     return "config: " + "; ".join(parts)
 
 
@@ -122,22 +170,32 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"config: no file at {path}")
     suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise ValueError(f"config: use a .yaml, .yml or .toml file, got {path.name}")
+    kind = "TOML" if suffix == ".toml" else "YAML"
     try:
-        if suffix in (".yaml", ".yml"):
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config: {path.name} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    try:
+        if kind == "YAML":
             import yaml
 
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        elif suffix == ".toml":
+            raw = yaml.safe_load(text)
+        else:
             import tomllib
 
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        else:
-            raise ValueError(f"config: use a .yaml, .yml or .toml file, got {path.name}")
-    except ValueError:
-        raise
+            raw = tomllib.loads(text)
     except Exception as exc:  # yaml.YAMLError has no common base with tomllib.TOMLDecodeError
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"config: {path.name} is not valid {suffix.lstrip('.').upper()}: {first}") from None
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:  # YAML: where the parser gave up, and what it expected
+            what = getattr(exc, "problem", None) or type(exc).__name__
+            where = f"line {mark.line + 1}, column {mark.column + 1}"
+        else:  # TOML: the message ends with "(at line L, column C)"
+            what, _, position = str(exc).partition(" (at ")
+            where = position.rstrip(")") or "unknown position"
+        raise ValueError(f"config: {path.name} is not valid {kind} at {where}: {what}; fix the syntax there "
+                         f"(see docs/cli.md for a complete example)") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -151,7 +209,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return raw
 
 
-def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> OptimizeSettings:
+def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]],
+                   source: Path | None = None) -> OptimizeSettings:
     """Merge flag overrides (section -> key -> value, None = not given) into the file, then validate once."""
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for section, values in overrides.items():
@@ -182,7 +241,7 @@ def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) ->
     except ValidationError as exc:
         from dp_textgrad.dp_es.config import ConfigError
 
-        raise ConfigError(format_settings_error(exc)) from None
+        raise ConfigError(format_settings_error(exc, source)) from None
 
 
 def supports_feedback(selection: Any) -> bool:

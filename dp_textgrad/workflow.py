@@ -13,11 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from dp_textgrad import lifetime as lifetime_link
 from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
-from dp_textgrad.dp_es.config import DPESConfig
+from dp_textgrad.dp_es.config import ConfigError, DPESConfig
 from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
 from dp_textgrad.dp_es.reports import GenerationReport, RunResult
+from dp_textgrad.lifetime import LifetimeOptions, LifetimeStatus
+from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.tasks.base import ClassificationTask
 
@@ -94,12 +97,30 @@ def run(
     on_generation: Callable[[GenerationReport], None] | None = None,
     task_name: str = "custom",
     engine_name: str = "custom",
+    lifetime: LifetimeOptions | None = None,
+    on_lifetime: Callable[[LifetimeStatus], None] | None = None,
 ) -> RunOutcome:
+    """Run (or resume) DP-ES on ``task`` into a run directory and release its prompt.
+
+    ``lifetime`` links the run to its dataset's lifetime budget (default: the store
+    ``<runs_root>/operator/lifetime_budget.sqlite``, no cap); ``on_lifetime`` sees its status before
+    the first charge. The run log gets a line when the run starts and one when it ends.
+    """
     started = time.perf_counter()
     started_at = runs.utc_now()  # before any private record is read: times nothing private
     directory = Path(run_dir) if run_dir is not None else runs.new_run_dir(runs_root)
     directory.mkdir(parents=True, exist_ok=True)
+    runs.check_writable(directory)
+    if resume and runs.RunDir(directory).result.is_file():
+        restored = complete_finished(directory)
+        raise ConfigError(f"resume: the run in {directory} has finished"
+                          + ("; its missing run-log line was restored" if restored else "")
+                          + "; rebuild its report with `dp-textgrad report RUN_DIR` or start a new run")
     optimizer = build_optimizer(task, engine, config, directory, seed_prompt=seed_prompt, resume=resume)
+    status = lifetime_link.attach(optimizer, task, lifetime or LifetimeOptions(), runs_root=directory.parent,
+                                  run_id=directory.name, label=task_name, resume=resume)
+    if status is not None and on_lifetime is not None:
+        on_lifetime(status)
     seed_text = optimizer.variable.value if not resume else runs.read_json(directory / runs.CONFIG_NAME)["seed_prompt"]
     if not resume:
         runs.write_released_json(directory, runs.CONFIG_NAME, "config", {
@@ -112,6 +133,15 @@ def run(
             "dataset_size": optimizer.public_dataset_size,
             "noise": optimizer.noise.sampler,
         })
+    if not resume:
+        runs.append_run_log(directory.parent, {"event": "started", "run_dir": directory.name, "task": task_name,
+                                               "engine": engine_name, "config": optimizer.config.model_dump(),
+                                               "started": started_at}, run_dir=directory)
+    else:
+        runs.append_run_log(directory.parent, {"event": "resumed", "run_dir": directory.name,
+                                               "generation": optimizer.generation,
+                                               "epsilon": optimizer.ledger.epsilon(), "started": started_at},
+                            run_dir=directory)
     if on_start is not None:
         on_start(optimizer)
     try:
@@ -119,6 +149,10 @@ def run(
     except PrivateScoringError as exc:
         # The one-line message is release-safe; the original error may quote a record.
         runs.append_operator_text(directory, "errors.log", f"{exc.label}: {exc.operator_detail}")
+        _log_failure(directory, optimizer, "engine failure while scoring private records")
+        raise
+    except BudgetExceeded:
+        _log_failure(directory, optimizer, "budget exhausted before generation 0 finished: nothing released")
         raise
     (directory / runs.PROMPT_NAME).write_text(result.prompt + "\n", encoding="utf-8")
     evaluation = None
@@ -131,23 +165,56 @@ def run(
         "seconds": seconds,
         "engine_usage": engine.usage.as_dict() if hasattr(engine, "usage") else None,
     })
+    complete_finished(directory, seconds=seconds)
+    return RunOutcome(directory, result, evaluation, seconds, optimizer)
+
+
+def _log_failure(directory: Path, optimizer: DPEvolutionStrategy, why: str) -> None:
+    runs.append_run_log(directory.parent, {"event": "failed", "run_dir": directory.name, "why": why,
+                                           "generations_run": optimizer.generation,
+                                           "epsilon": optimizer.ledger.epsilon(),
+                                           "epsilon_by_accountant": optimizer.ledger.epsilons()}, run_dir=directory)
+
+
+def complete_finished(directory: str | Path, seconds: float | None = None) -> bool:
+    """The steps after ``result.json``: the report and the run log's 'finished' line.
+
+    Idempotent, so a run killed after its result was written is completed by calling it
+    again (``optimize --resume`` does); returns whether the run-log line had to be written.
+    """
+    directory = Path(directory)
+    result = runs.read_json(directory / runs.RESULT_NAME)
+    saved = runs.read_json(directory / runs.CONFIG_NAME)
     from dp_textgrad.report import write_report  # plotting is imported only when a report is written
 
-    write_report(directory)
-    runs.append_run_log(Path(directory).parent, {
+    if not (directory / runs.REPORT_NAME).is_file() or seconds is not None:
+        write_report(directory)
+    if any(line.get("event") == "finished" and line.get("run_dir") == directory.name
+           for line in runs.read_run_log(directory.parent)):
+        return False
+    stopped = str(result.get("stopped_because") or "")
+    runs.append_run_log(directory.parent, {
+        "event": "finished",
         "run_dir": directory.name,
-        "task": task_name,
-        "engine": engine_name,
-        "config": optimizer.config.model_dump(),
-        "noise_seeded_insecurely": optimizer.config.insecure_noise_seed is not None,
-        "noise": optimizer.noise.sampler,
-        "epsilon": result.epsilon,
-        "delta": result.delta,
-        "epsilon_by_accountant": result.epsilons,
+        "task": saved.get("task"),
+        "engine": saved.get("engine"),
+        "config": saved.get("config"),
+        "noise_seeded_insecurely": (saved.get("config") or {}).get("insecure_noise_seed") is not None,
+        "noise": saved.get("noise"),
+        "epsilon": result.get("epsilon"),
+        "delta": result.get("delta"),
+        "epsilon_by_accountant": result.get("epsilons"),
         "accountant": "smallest valid bound",
-        "unsafe": result.unsafe,
-        "started": started_at,
+        "unsafe": result.get("unsafe"),
+        "generations_run": result.get("generations_run"),
+        "stopped_because": stopped,
+        "stopped_early": stopped_early(stopped),
         "seconds": seconds,
         "machine": runs.machine_summary(),
     }, run_dir=directory)
-    return RunOutcome(directory, result, evaluation, seconds, optimizer)
+    return True
+
+
+def stopped_early(stopped_because: str) -> bool:
+    """Whether a released run ended before its planned generations (public: budget and user events)."""
+    return bool(stopped_because) and stopped_because != "all generations done"

@@ -102,7 +102,8 @@ def collect(root: Path, run_dir: Path, result) -> Capture:
     for path in sorted(root.joinpath("runs").rglob("*")):
         if not path.is_file():
             continue
-        relative = path.relative_to(run_dir).as_posix() if run_dir in path.parents else path.name
+        # Files beside the run directories (run log, operator/ store) by their place in the runs root.
+        relative = path.relative_to(run_dir if run_dir in path.parents else root / "runs").as_posix()
         bucket = capture.operator if relative.startswith("operator/") else capture.released
         bucket[relative] = path.read_bytes()
     return capture

@@ -25,7 +25,8 @@ from dp_textgrad.dp_es.generation import Generation, no_shrinkage
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.preflight import PreflightError, length_tools, preflight
-from dp_textgrad.dp_es.reports import GenerationReport, GenerationTelemetry, RunResult, UsageMark
+from dp_textgrad.dp_es.reports import (GenerationReport, GenerationTelemetry, RunResult, UsageMark, nothing_released,
+                                       refusal_reason)
 from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
 from dp_textgrad.privacy.noise import NoiseSource
@@ -73,8 +74,10 @@ class EvolutionController(Optimizer):
         self.history: list[GenerationReport] = []
         self.telemetry: list[GenerationTelemetry] = []  # operator-only, see GenerationTelemetry
         self.stopped_because: str | None = None
-        self._refused_epsilon = math.inf
+        self._refusal: BudgetExceeded | None = None
         self._preflight_done = False
+        # Charges of a generation that was interrupted before its checkpoint (found on resume).
+        self.interrupted_charges = 0
 
         # Two generators, never mixed: reproducible public choices vs DP randomness.
         self.public_rng = np.random.default_rng(config.seed)
@@ -163,8 +166,9 @@ class EvolutionController(Optimizer):
         try:
             outcome = self.parts.run(t, start)
         except BudgetExceeded as exc:
-            self._refused_epsilon = exc.epsilon
-            self.stopped_because = f"budget exhausted: {exc}"
+            self._refusal = exc
+            self.stopped_because = refusal_reason(exc, t, self.config.generations, self.ledger.epsilon(),
+                                                  self.interrupted_charges)
             self._save_checkpoint()
             return None
         self.variable.set_value(outcome.best.text)
@@ -211,7 +215,7 @@ class EvolutionController(Optimizer):
         """Release the final prompt (free, or a charged selection on a fresh subsample)."""
         if not self.history:
             # Nothing DP was released, so there is no prompt to release either.
-            raise BudgetExceeded("generation 0", self._refused_epsilon, self.ledger.epsilon_budget, self.ledger.delta)
+            raise nothing_released(self._refusal, self.ledger, self.interrupted_charges)
         best = self._last_best()
         final = self.plan.final(float(self.task.clip_bound))
         if final is not None:
@@ -272,6 +276,8 @@ class EvolutionController(Optimizer):
             history=[h.as_dict() for h in self.history],
             stopped_because=self.stopped_because,
             variable_value=self.variable.value,
+            charges=len(self.ledger.entries),
+            interrupted_charges=self.interrupted_charges,
         )
 
     def _save_checkpoint(self, report: GenerationReport | None = None,
@@ -292,6 +298,9 @@ class EvolutionController(Optimizer):
         self.public_rng.bit_generator.state = state.public_rng_state
         self.history = [GenerationReport.from_dict(h) for h in state.history]
         self.stopped_because = None
+        self.interrupted_charges = state.interrupted_charges
+        if state.charges is not None:
+            self.interrupted_charges += max(0, len(self.ledger.entries) - state.charges)
         if state.variable_value is not None:
             self.variable.set_value(state.variable_value)
 

@@ -20,6 +20,11 @@ from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplie
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.mechanisms import SelectionMechanism, selection_mechanism
 
+# The budgets calibration supports: tested and timed there (docs/performance.md). Past 1e4 the
+# PLD's loss range outgrows floats and calibration slows down (40 s at 1e6) for budgets that
+# protect nothing; below 1e-3 the noise drowns every score.
+CALIBRATION_EPSILON_RANGE = (1e-3, 1e4)
+
 # Events do not depend on the clip bound or the population size (sensitivities are
 # normalised); the planner builds the mechanisms with these stand-ins.
 _PLAN_CLIP_BOUND = 1.0
@@ -63,11 +68,15 @@ class RunPlan:
     @property
     def event(self) -> dp_accounting.DpEvent:
         """The whole run: every generation's events, then the final release."""
+        return self.remaining_event(0)
+
+    def remaining_event(self, start: int) -> dp_accounting.DpEvent:
+        """Generations ``start`` .. T-1, then the final release (what a resumed run may still spend)."""
         if self.strategy.calibrates is None:
             return dp_accounting.NonPrivateDpEvent()
         q = float(self.config.sampling_rate)
         runs: list[list] = []  # consecutive identical generations, self-composed (fast to account)
-        for t in range(self.config.generations):
+        for t in range(start, self.config.generations):
             parts = self.generation(t).events(q)
             event = parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
             if runs and runs[-1][0] == event:
@@ -98,6 +107,10 @@ class RunPlan:
         """
         if strategy_for(config).calibrates is None:
             return cls(config, None)
+        low, high = CALIBRATION_EPSILON_RANGE
+        if not low <= config.epsilon <= high:
+            raise ConfigError(f"epsilon: calibration supports {low:g} <= epsilon <= {high:g}, got {config.epsilon:g}; "
+                              "choose a budget in that range (for a non-private baseline set privacy = \"off\")")
         return cls(config, _calibrated_value(_schedule_key(config)))
 
 
@@ -132,4 +145,4 @@ def _calibrated_value(key: tuple) -> float:
         ) from None
 
 
-__all__ = ["RunPlan"]
+__all__ = ["CALIBRATION_EPSILON_RANGE", "RunPlan"]

@@ -7,8 +7,12 @@ Every field of :class:`GenerationReport` and :class:`RunResult` is classified in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
+from dp_textgrad.privacy.accounting.lifetime import LifetimeCapExceeded
 
 
 @dataclass(frozen=True)
@@ -105,4 +109,30 @@ class RunResult:
         return out
 
 
-__all__ = ["GenerationReport", "GenerationTelemetry", "RunResult", "UsageMark"]
+
+def refusal_reason(exc: BudgetExceeded, t: int, generations: int, spent: float, interrupted: int) -> str:
+    """Why a run stopped when generation ``t``'s charge was refused (its own budget, or the
+    dataset's lifetime cap that other runs on the same data used up)."""
+    lost = (f"; {interrupted} charge(s) of an interrupted generation were spent without a result, which is why "
+            "the plan no longer fits") if interrupted else ""
+    if isinstance(exc, LifetimeCapExceeded):
+        return (f"the dataset's lifetime cap {exc.cap:g} was reached before generation {t + 1} of {generations}: "
+                f"its charge {exc.label!r} would raise the dataset's lifetime epsilon to {exc.epsilon:.4g} (this "
+                f"run spent {spent:.4g}){lost}")
+    return (f"budget exhausted before generation {t + 1} of {generations}: its charge {exc.label!r} would raise "
+            f"epsilon to {exc.epsilon:.4g} over the budget {exc.budget:g} (spent {spent:.4g}){lost}")
+
+
+
+def nothing_released(refusal: BudgetExceeded | None, ledger: Any, interrupted: int) -> BudgetExceeded:
+    """The error of a run whose first generation's charge was refused (nothing to release)."""
+    if isinstance(refusal, LifetimeCapExceeded):
+        return LifetimeCapExceeded(refusal.epsilon, refusal.cap, refusal.delta,
+                                   f"generation 0's charge {refusal.label!r} (nothing was released)", refusal.label)
+    lost = (f"; {interrupted} charge(s) of an interrupted generation were spent without a result, so the plan "
+            "no longer fits; nothing was released") if interrupted else ""
+    epsilon = refusal.epsilon if refusal is not None else math.inf
+    return BudgetExceeded("generation 0", epsilon, ledger.epsilon_budget, ledger.delta, lost)
+
+
+__all__ = ["GenerationReport", "GenerationTelemetry", "RunResult", "UsageMark", "nothing_released", "refusal_reason"]

@@ -13,6 +13,10 @@ without an explicit, greppable ``unwrap()`` call.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import hmac
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -104,12 +108,29 @@ class PrivateDataset(Generic[T]):
     def __reduce__(self):
         raise PrivateDataError("private datasets cannot be pickled or checkpointed")
 
+    def fingerprint(self, key: bytes) -> str:
+        """Keyed, order-independent hash of the records' content: the lifetime store's key for D.
+
+        A function of every record, so it is operator-only (it stays in the lifetime store).
+        """
+        digests = sorted(hashlib.sha256(_canonical(r.unwrap())).digest() for r in self._records)
+        mac = hmac.new(key, b"dp-textgrad-dataset-v1", hashlib.sha256)
+        for digest in digests:
+            mac.update(digest)
+        return mac.hexdigest()
+
     def poisson_subsample(self, q: float, rng: np.random.Generator) -> "PrivateBatch[T]":
         """Include each record independently with probability ``q``."""
         if not 0.0 < q <= 1.0:
             raise ValueError(f"sampling_rate: q must be in (0, 1], got {q}")
         mask = rng.random(len(self._records)) < q
         return PrivateBatch([r for r, keep in zip(self._records, mask) if keep])
+
+
+def _canonical(record: object) -> bytes:
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        record = dataclasses.asdict(record)
+    return json.dumps(record, sort_keys=True, default=repr, ensure_ascii=False).encode("utf-8")
 
 
 @dataclass(frozen=True)

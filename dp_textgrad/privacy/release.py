@@ -95,6 +95,8 @@ CHANNELS: dict[str, dict[str, str]] = {
         "history": NESTED + "metrics",
         "stopped_because": PUBLIC,
         "variable_value": DP_OUTPUT,
+        "charges": PUBLIC,                   # ledger entries so far (the ledger itself is released)
+        "interrupted_charges": PUBLIC,       # counted from the ledger and the checkpoints
     },
     # config.json
     "config": {
@@ -124,6 +126,12 @@ CHANNELS: dict[str, dict[str, str]] = {
         "code_version": PUBLIC,
         "started": PUBLIC,                   # taken before any private record is read
         "seconds": OPERATOR_ONLY,
+        "event": PUBLIC,                     # started | resumed | finished | failed
+        "generation": PUBLIC,                # where a resumed run continues (checkpoints are public)
+        "generations_run": PUBLIC,
+        "stopped_because": PUBLIC,           # budget and user events only
+        "stopped_early": PUBLIC,
+        "why": PUBLIC,                       # a fixed phrase per failure kind, never error text
     },
     # one line of the run log per audit (docs/audit.md): research results about canaries or synthetic
     # mechanism runs; everything but the time of a run that read private records is public.
@@ -158,7 +166,8 @@ TEXT_CHANNELS: dict[str, str] = {
                                                  "rewritten at the scorer into a fixed message; no local "
                                                  "variables are shown",
     "log records and warnings": "none computed from private records",
-    "exit codes": "0 released, 1 run failure, 2 bad input, 130 interrupted: all decided by public events",
+    "exit codes": "0 released, 3 released after an early stop (budget or callback), 1 run failure, "
+                  "2 bad input, 130 interrupted: all decided by public events",
     "operator/": "operator-only values (real private-phase usage and time, raw engine error text): "
                  "derived from private data without noise, do not share",
 }

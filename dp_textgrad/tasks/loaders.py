@@ -24,6 +24,12 @@ FileFormat = Literal["csv", "tsv", "jsonl"]
 _EXTENSIONS: dict[str, FileFormat] = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 DATA_ENV_VAR = "DP_TEXTGRAD_DATA"
 
+# Size limits: a record (one field or one JSONL line) and a whole file. Reading stops at the
+# first excess, so an oversized cell never sits in memory whole.
+MAX_RECORD_CHARS = 131_072
+MAX_FILE_BYTES = 2 * 1024**3
+DEFAULT_ENCODING = "utf-8-sig"
+
 # Warn when the most frequent label has this many times the records of the rarest.
 IMBALANCE_RATIO = 10.0
 _MAX_LINES_SHOWN = 10
@@ -69,11 +75,48 @@ def _lines(numbers: Sequence[int]) -> str:
     return f"line(s) {shown}{more}"
 
 
-def _read_delimited(path: Path, delimiter: str, text_column: str,
-                    label_column: str) -> Iterator[tuple[int, object, object]]:
+class _LimitedLines:
+    """Lines of a text file, each read with a length limit (a huge line is never read whole)."""
+
+    def __init__(self, handle, path: Path, limit: int) -> None:
+        self.handle, self.path, self.limit, self.number = handle, path, limit, 0
+
+    def __iter__(self) -> "_LimitedLines":
+        return self
+
+    def __next__(self) -> str:
+        line = self.handle.readline(self.limit + 1)
+        if not line:
+            raise StopIteration
+        self.number += 1
+        if len(line) > self.limit and not line.endswith("\n"):
+            raise ValueError(f"{self.path.name}: line {self.number} is longer than the limit of {self.limit:,} "
+                             "characters per record; shorten or drop that record (max_record_chars)")
+        return line
+
+
+def _decoding_errors(path: Path, encoding: str):
+    """Turn a decoding failure into an error that names the file and the fix."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path.name}: not valid {encoding} text (byte {exc.start} of a line cannot be "
+                             f"decoded); if the file uses another encoding pass --encoding, e.g. --encoding "
+                             "latin-1 (task.encoding)") from None
+    return guard()
+
+
+def _read_delimited(path: Path, delimiter: str, text_column: str, label_column: str,
+                    encoding: str = DEFAULT_ENCODING,
+                    max_chars: int = MAX_RECORD_CHARS) -> Iterator[tuple[int, object, object]]:
     """Yield (line where the record starts, text, label); quoted multi-line fields are one record."""
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        reader = csv.reader(handle, delimiter=delimiter)
+    with path.open(encoding=encoding, newline="") as handle, _decoding_errors(path, encoding):
+        lines = _LimitedLines(handle, path, max_chars)
+        reader = csv.reader(lines, delimiter=delimiter)
         try:
             header = next(reader)
         except StopIteration:
@@ -88,7 +131,7 @@ def _read_delimited(path: Path, delimiter: str, text_column: str,
         text_at, label_at = header.index(text_column), header.index(label_column)
         short: list[int] = []
         start = reader.line_num + 1
-        for row in reader:
+        for row in _rows_within_limit(reader, path, max_chars):
             if not row:  # a blank line between records
                 start = reader.line_num + 1
                 continue
@@ -104,13 +147,31 @@ def _read_delimited(path: Path, delimiter: str, text_column: str,
             )
 
 
-def _read_jsonl(path: Path, text_column: str, label_column: str) -> Iterator[tuple[int, object, object]]:
+def _rows_within_limit(reader, path: Path, max_chars: int) -> Iterator[list[str]]:
+    # csv's own field limit is process-wide state; check each field here instead (a
+    # quoted field spanning lines is bounded by _LimitedLines per line and by this in total).
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise ValueError(f"{path.name}: the record at line {reader.line_num} cannot be parsed ({exc}); check its "
+                             f"quoting, or shorten it below {max_chars:,} characters (max_record_chars)") from None
+        if any(len(field) > max_chars for field in row):
+            raise ValueError(f"{path.name}: the record at line {reader.line_num} has a field longer than the limit "
+                             f"of {max_chars:,} characters; shorten or drop it (max_record_chars)")
+        yield row
+
+
+def _read_jsonl(path: Path, text_column: str, label_column: str, encoding: str = DEFAULT_ENCODING,
+                max_chars: int = MAX_RECORD_CHARS) -> Iterator[tuple[int, object, object]]:
+    """Yield (line, text, label) as it reads; problems are collected and raised at the end."""
     bad_json: list[int] = []
     missing: dict[str, list[int]] = {text_column: [], label_column: []}
     keys_seen: set[str] = set()
-    rows: list[tuple[int, object, object]] = []
-    with path.open(encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, start=1):
+    with path.open(encoding=encoding) as handle, _decoding_errors(path, encoding):
+        for number, line in enumerate(_LimitedLines(handle, path, max_chars), start=1):
             if not line.strip():
                 continue
             try:
@@ -126,7 +187,7 @@ def _read_jsonl(path: Path, text_column: str, label_column: str) -> Iterator[tup
                 if column not in obj:
                     missing[column].append(number)
             if text_column in obj and label_column in obj:
-                rows.append((number, obj[text_column], obj[label_column]))
+                yield number, obj[text_column], obj[label_column]
     if bad_json:
         raise ValueError(f"{path.name}: {_lines(bad_json)} are not JSON objects; write one object per line")
     for column, role in ((text_column, "text_column"), (label_column, "label_column")):
@@ -135,7 +196,6 @@ def _read_jsonl(path: Path, text_column: str, label_column: str) -> Iterator[tup
                 f"{role}: key {column!r} missing in {path.name} at {_lines(missing[column])}; "
                 f"keys found are {sorted(keys_seen)}; pass {role}=... naming one of them"
             )
-    yield from rows
 
 
 def _label_to_str(raw: object) -> str | None:
@@ -157,6 +217,9 @@ def load_classification_file(
     label_names: Mapping[str, str] | None = None,
     drop_other_labels: bool = False,
     warn_imbalance: bool = True,
+    encoding: str = DEFAULT_ENCODING,
+    max_record_chars: int = MAX_RECORD_CHARS,
+    max_file_bytes: int = MAX_FILE_BYTES,
 ) -> list[Example]:
     """Records of a CSV, TSV or JSONL file as ``Example(text, label)``.
 
@@ -168,19 +231,26 @@ def load_classification_file(
     stripped of surrounding white space.
     Raises ``ValueError`` naming the line numbers (never the text) for empty texts,
     unknown labels, missing columns or malformed rows; warns on heavy label imbalance.
+    Files are read as a stream in ``encoding``; a record longer than ``max_record_chars``
+    or a file larger than ``max_file_bytes`` is an error naming the file and the line.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path: no file at {path}")
+    size = path.stat().st_size
+    if size > max_file_bytes:
+        raise ValueError(f"{path.name}: {size:,} bytes, over the limit of {max_file_bytes:,} bytes per file "
+                         "(max_file_bytes); split the file or raise the limit")
     fmt = _infer_format(path, format)
     if label_names is not None:
         label_names = {str(k): str(v) for k, v in label_names.items()}
     allowed = None if labels is None else set(labels)
 
     if fmt == "jsonl":
-        rows = _read_jsonl(path, text_column, label_column)
+        rows = _read_jsonl(path, text_column, label_column, encoding, max_record_chars)
     else:
-        rows = _read_delimited(path, "\t" if fmt == "tsv" else ",", text_column, label_column)
+        rows = _read_delimited(path, "\t" if fmt == "tsv" else ",", text_column, label_column, encoding,
+                               max_record_chars)
 
     examples: list[Example] = []
     empty: list[int] = []
@@ -286,6 +356,8 @@ def build_task_from_files(
     n_test: int | None = None,
     seed: int = 0,
     drop_other_labels: bool = False,
+    encoding: str = DEFAULT_ENCODING,
+    max_record_chars: int = MAX_RECORD_CHARS,
 ) -> ClassificationTask:
     """A ``ClassificationTask`` whose private split is the ``train`` file.
 
@@ -297,7 +369,7 @@ def build_task_from_files(
     """
     def load(path: str | os.PathLike[str], allowed: Sequence[str] | None, warn: bool = True) -> list[Example]:
         return load_classification_file(path, text_column, label_column, format, allowed, label_names,
-                                        drop_other_labels, warn)
+                                        drop_other_labels, warn, encoding, max_record_chars)
 
     test_examples = load(test, labels)
     if labels is None:

@@ -167,7 +167,10 @@ def test_an_engine_failing_on_the_third_private_record_keeps_the_charge_and_resu
 
     monkeypatch.setattr(cli, "make_engine", lambda section: LengthTimedEngine())
     resumed = CliRunner().invoke(cli.app, ["optimize", "--resume", str(run_dir)])
-    assert resumed.exit_code == 0, resumed.output
+    # The interrupted generation's charge stays spent, so the plan's last generation no
+    # longer fits: the run says so and exits 3 (stopped early, prompt released).
+    assert resumed.exit_code == 3, resumed.output
+    assert "Stopped early after 1 of 2 generations" in " ".join(resumed.output.split())
     ledger = PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl")
     # The failed step's charge stays: resuming adds charges, never replaces or drops one.
     assert len(ledger.entries) >= 2 and ledger.entries[0].label.startswith("generation 0")

@@ -47,8 +47,13 @@ class _SmallestBoundPrivacyAccountant(dp_accounting.PrivacyAccountant):
         return smallest_bound(self._events, target_delta, self._accountants)
 
 
-# Integer orders only: fractional-order series of subsampled Gaussians are slow to evaluate.
-_SEARCH_RDP_ORDERS = tuple(float(a) for a in range(2, 65)) + (80.0, 96.0, 128.0, 256.0, 512.0)
+# The search's PLD grid, relative to epsilon (the final check uses the ledger's own grid).
+_SEARCH_RELATIVE_GRID = 1e-2
+_FINEST_SEARCH_GRID = 1e-6
+# dp-accounting's PLD computes exp(epsilon): beyond this it overflows.
+_PLD_FLOAT_LIMIT = 500.0
+# Refine with the full set only when the search left more than this share of epsilon unused.
+_REFINE_SLACK = 5e-3
 
 
 def _resolve_accountants(accountant: Accountant | Sequence[Accountant] | None) -> list[Accountant]:
@@ -82,54 +87,110 @@ def _calibrate(
     if not (isinstance(tol, numbers.Real) and tol > 0):
         raise ValueError(f"tol: must be > 0, got {tol!r}")
     accountants = _resolve_accountants(accountant)
-    # The search evaluates the plan dozens of times. With the defaults it uses RDP and a
-    # coarser PLD grid: both are valid (pessimistic) bounds, so a value found with them also
-    # fits under the full set, which the final check below confirms at full precision.
-    search = (
-        [RdpAccountant(orders=_SEARCH_RDP_ORDERS), PldAccountant(value_discretization_interval=1e-3)]
-        if accountant is None
-        else accountants
-    )
+    # The search evaluates the plan a dozen times. With the defaults it uses one PLD on a
+    # grid of 1% of epsilon: a valid (pessimistic) bound, so a value found with it also fits
+    # under the full set, which the final check below confirms at full precision.
+    # The grid follows the target, not each answer, so the searched function has no jumps.
+    grid = min(0.5, max(_FINEST_SEARCH_GRID, _SEARCH_RELATIVE_GRID * epsilon))
+    search = [PldAccountant(grid, relative_discretization=None)] if accountant is None else accountants
+    if accountant is None and epsilon > _PLD_FLOAT_LIMIT:
+        # PLD epsilons past ~709 overflow a float; RDP still answers (the full set's own
+        # instance: its memo then serves the final check too).
+        search = [a for a in accountants if a.name == "rdp"] or [RdpAccountant()]
     probe = plan(1.0)
     if not any(all(a.supports(atom) for atom, _ in _group_events([probe])) for a in accountants):
         raise UnsupportedEventError(
             f"plan: no accountant among {[a.name for a in accountants]} can interpret the planned event"
         )
+    if search is not accountants and not all(search[0].supports(atom) for atom, _ in _group_events([probe])):
+        search = accountants
+
+    memo: dict[float, float] = {}
 
     def spent(x: float) -> float:
-        return smallest_bound([plan(x)], delta, search)
+        if x not in memo:
+            try:
+                memo[x] = smallest_bound([plan(x)], delta, search)
+            except (OverflowError, FloatingPointError):  # a loss range beyond floats: no usable bound
+                memo[x] = math.inf
+        return memo[x]
 
     def fits(x: float) -> bool:
         return spent(x) <= epsilon
 
+    def tight_bound(x: float) -> float:
+        # The slack is judged on the PLD the search approximates (RDP is rarely tighter for
+        # these plans and costs as much as the whole search); refining then uses the full set.
+        try:
+            return smallest_bound([plan(x)], delta, [a for a in accountants if a.name == "pld"] or accountants)
+        except (OverflowError, FloatingPointError):
+            return math.inf
+
+    # PLD past its float range overflows slowly: RDP answers there.
+    first = {"pld": 0, "rdp": 1} if epsilon <= _PLD_FLOAT_LIMIT else {"rdp": 0, "pld": 1}
+
     def fits_exactly(x: float) -> bool:
-        return smallest_bound([plan(x)], delta, accountants) <= epsilon
+        # The ledger uses the smallest bound, so one accountant within the target proves it.
+        # The tight ones first: they usually prove it and the loose ones are not cheaper.
+        events = [plan(x)]
+        for a in sorted(accountants, key=lambda a: first.get(a.name, 2)):
+            try:
+                if all(a.supports(atom) for atom, _ in _group_events(events)) and a.epsilon(events, delta) <= epsilon:
+                    return True
+            except (OverflowError, FloatingPointError):
+                continue
+        return False
+
+    # Bracketing probes far from the answer, where a fine grid is slow and not needed: a
+    # grid relative to each answer decides fits / does not fit there (the signs are checked
+    # again with the search bound below).
+    rough_memo: dict[float, bool] = {}
+    rough = [PldAccountant(relative_discretization=_SEARCH_RELATIVE_GRID)] \
+        if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT else search
+
+    def roughly_fits(x: float) -> bool:
+        if x not in rough_memo:
+            try:
+                rough_memo[x] = smallest_bound([plan(x)], delta, rough) <= epsilon
+            except (OverflowError, FloatingPointError):
+                rough_memo[x] = False
+        return rough_memo[x]
 
     # An explicit bracket with finite values at both ends (brentq cannot use inf).
+    factor = 4.0 if increasing else 0.25  # moves a parameter toward spending more
     if increasing:
         # A positive lower end: mechanisms reject epsilon0 = 0 (it would select uniformly).
         good, bad = 1e-9, 1.0
         if not fits(good):
             raise ValueError(f"epsilon: even a negligible per-step epsilon exceeds epsilon={epsilon:g}; "
                              "does the plan contain a fixed cost (e.g. final_epsilon) above the budget?")
-        while fits(bad):
-            good, bad = bad, bad * 2.0
+        while roughly_fits(bad):
+            good, bad = bad, bad * 4.0
             if bad > 2.0**40:
                 raise ValueError("epsilon: the plan fits the budget for every parameter value; nothing to calibrate")
     else:
         good = 1.0
-        while not fits(good):
-            good *= 2.0
+        while not roughly_fits(good):
+            good *= 4.0
             if good > 2.0**40:
                 raise ValueError(
                     f"epsilon: no noise multiplier makes the plan fit epsilon={epsilon:g} at delta={delta:g} "
                     "(does the plan contain a fixed non-noise cost?); raise the budget or shorten the plan"
                 )
-        bad = good / 2.0
-        while fits(bad):
-            good, bad = bad, bad / 2.0
+        bad = good / 4.0
+        while roughly_fits(bad):
+            good, bad = bad, bad / 4.0
             if bad < 1e-12:
                 return good
+    # The same signs under the search bound (it may differ slightly from the rough one).
+    for _ in range(60):
+        if fits(good):
+            break
+        good, bad = good / factor, good
+    for _ in range(60):
+        if not fits(bad):
+            break
+        good, bad = bad, bad * factor
     # bisect until `bad` has a finite bound above the target, so brentq sees finite values
     for _ in range(200):
         if math.isfinite(spent(bad)):
@@ -139,17 +200,20 @@ def _calibrate(
             good = middle
         else:
             bad = middle
-    bracket = dp_accounting.ExplicitBracketInterval(min(good, bad), max(good, bad))
-    value = float(
-        dp_accounting.calibrate_dp_mechanism(
-            lambda: _SmallestBoundPrivacyAccountant(search),
-            plan,
-            epsilon,
-            delta,
-            bracket_interval=bracket,
-            tol=tol,
-        )
-    )
+    if not math.isfinite(spent(bad)) or fits(bad):
+        # Past `good` no accountant can evaluate the plan (floats overflow) before it reaches
+        # the target: `good` is the largest value with a proven bound.
+        return good if fits_exactly(good) else _shrink_until(good, fits_exactly, increasing)
+    # Epsilon is close to a power law in the parameter, so a root search in log-log space
+    # (Brent) needs a handful of evaluations where a linear one needs a dozen or more.
+    from scipy.optimize import brentq
+
+    def log_gap(u: float) -> float:
+        return math.log(max(spent(math.exp(u)), 1e-300) / epsilon)
+
+    lo, hi = sorted((math.log(good), math.log(bad)))
+    root = float(brentq(log_gap, lo, hi, xtol=max(1e-6, tol / max(good, bad)), maxiter=60))
+    value = math.exp(root)
     # Never return a value whose plan exceeds the target: verify and nudge toward `good`.
     step = tol
     while not (fits(value) and fits_exactly(value)):
@@ -158,9 +222,19 @@ def _calibrate(
         if (not increasing and value >= good) or (increasing and value <= good):
             value = good
             break
-    if search is not accountants:
+    # (Past the PLD's float range the search used RDP alone and the result is kept as is:
+    # tightening a budget of hundreds of epsilons buys nothing.)
+    if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT and tight_bound(value) < epsilon * (1.0 - _REFINE_SLACK):
         value = _refine(value, plan, epsilon, delta, accountants, increasing=increasing, tol=tol)
     return value
+
+
+def _shrink_until(value: float, ok: Callable[[float], bool], increasing: bool) -> float:
+    for _ in range(200):
+        value = value * (0.999 if increasing else 1.001)
+        if ok(value):
+            return value
+    raise ValueError("epsilon: no parameter value with a proven bound within the target was found")
 
 
 def _refine(value: float, plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,

@@ -11,7 +11,7 @@ import math
 import numbers
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from dp_textgrad.privacy.accounting.serialize import (
 class BudgetExceeded(RuntimeError):
     """A mechanism would exceed the privacy budget; it was not run and nothing was recorded."""
 
-    def __init__(self, label: str, epsilon: float, budget: float, delta: float) -> None:
+    def __init__(self, label: str, epsilon: float, budget: float, delta: float, detail: str = "") -> None:
         self.label = label
         self.epsilon = epsilon
         self.budget = budget
@@ -49,7 +49,7 @@ class BudgetExceeded(RuntimeError):
         super().__init__(
             f"privacy budget exceeded: {label!r} would raise epsilon to {epsilon:.6g} "
             f"(at delta={delta:g}), over the budget epsilon={budget:.6g}; the mechanism "
-            "was not run and nothing was recorded (give a larger budget, more noise or fewer steps)"
+            "was not run and nothing was recorded (give a larger budget, more noise or fewer steps)" + detail
         )
 
 
@@ -134,6 +134,21 @@ class PrivacyLedger:
         self._cache_value: dict[str, float] | None = None
         # Where the ledger persists itself after every charge (None: in memory only).
         self.persist_path: str | None = None
+        # Called with each new entry before it is recorded (the lifetime store); may refuse it.
+        self._charge_hooks: list[Callable[[LedgerEntry], None]] = []
+        # The dataset's lifetime cap as this run saw it, and whether the user overrode it (public choices).
+        self.lifetime: dict[str, Any] | None = None
+
+    def add_charge_hook(self, hook: Callable[[LedgerEntry], None]) -> None:
+        """Call ``hook(entry)`` at every charge, after the budget check and before the entry is
+        recorded or the mechanism runs; an exception from it refuses the charge (nothing recorded)."""
+        self._charge_hooks.append(hook)
+
+    def set_lifetime(self, cap: float | None, overridden: bool) -> None:
+        """State the lifetime cap of the dataset and any override in the ledger's header."""
+        self.lifetime = {"cap": cap, "cap_overridden": bool(overridden)}
+        if self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
 
     def persist_to(self, path: str | os.PathLike[str] | None) -> None:
         """Write the ledger to ``path`` now and again after every charge, before data is read.
@@ -237,10 +252,35 @@ class PrivacyLedger:
             metadata=metadata_copy,
             differentially_private=not self.unsafe,
         )
+        for hook in self._charge_hooks:
+            hook(entry)
         self._entries.append(entry)
         if self.persist_path is not None:
             self.to_jsonl(self.persist_path)
         return entry
+
+    def recover(self, recorded: Sequence[Mapping[str, Any]]) -> int:
+        """Adopt charges recorded elsewhere (the lifetime store) that this ledger lost in a crash.
+
+        ``recorded`` are entry dicts in index order; those past this ledger's end are appended
+        as they were charged (a kill between the store's write and the ledger file's). Returns
+        how many were adopted; an entry that disagrees with one held here is an error.
+        """
+        adopted = 0
+        for data in recorded:
+            entry = LedgerEntry.from_dict(data)
+            if entry.index < len(self._entries):
+                if self._entries[entry.index].event_dict != entry.event_dict:
+                    raise ValueError(f"ledger: entry {entry.index} differs from the lifetime store's record; "
+                                     "the run directory does not belong to this store's run")
+                continue
+            if entry.index != len(self._entries):
+                raise ValueError(f"ledger: the lifetime store skips from entry {len(self._entries)} to {entry.index}")
+            self._entries.append(entry)
+            adopted += 1
+        if adopted and self.persist_path is not None:
+            self.to_jsonl(self.persist_path)
+        return adopted
 
     def mark_unsafe(self, reason: str) -> None:
         """Void the guarantee (e.g. raw private text reached an LLM in unsafe mode).
@@ -267,6 +307,7 @@ class PrivacyLedger:
             "unsafe_reasons": list(self._unsafe_reasons),
             "differentially_private": not self.unsafe,
             "noise": self.noise,
+            "lifetime": self.lifetime,
         }
 
     def declare_noise(self, sampler: str) -> None:
@@ -320,6 +361,7 @@ class PrivacyLedger:
         )
         ledger._unsafe_reasons = list(header.get("unsafe_reasons", []))
         ledger.noise = header.get("noise")
+        ledger.lifetime = header.get("lifetime")
         for i, record in enumerate(records[1:]):
             entry = LedgerEntry.from_dict(record)
             if entry.index != i:

@@ -1,0 +1,268 @@
+"""The lifetime budget of a dataset: every charge of every run on it, in one SQLite store.
+
+A run's ledger bounds one run. Rerunning on the same data spends again, and a run that
+crashed before its run directory was usable still read data. The store (an odometer in
+the sense of OpenDP's odometers and Tumult's sessions) keeps every charge keyed by the
+dataset, written in one transaction BEFORE the mechanism reads data; the dataset's
+lifetime epsilon is the composition of all of them under the same accountants as a run
+(PLD, RDP, ...: the smallest valid bound), never a sum.
+
+The dataset key is a keyed hash (HMAC-SHA256 with a random key kept in the store) of
+the records' content, independent of their order. It is a function of private data, so
+it stays in the store, which is operator-only like ``operator/``: it never appears in a
+released file. The keyed hash means a leaked store does not let anyone test a guessed
+dataset against it without the key, which lives in the same file: keep the file private.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from dp_textgrad.privacy.accounting.accountants import Accountant
+from dp_textgrad.privacy.accounting.bounds import _all_bounds, default_accountants
+from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
+from dp_textgrad.privacy.accounting.serialize import event_from_dict
+
+STORE_NAME = "lifetime_budget.sqlite"
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    dataset TEXT NOT NULL,
+    label TEXT NOT NULL,
+    started REAL NOT NULL,
+    epsilon_budget REAL NOT NULL,
+    delta REAL NOT NULL,
+    cap REAL,
+    cap_overridden INTEGER NOT NULL DEFAULT 0,
+    unsafe INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS charges (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    idx INTEGER NOT NULL,
+    dataset TEXT NOT NULL,
+    recorded REAL NOT NULL,
+    entry TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE INDEX IF NOT EXISTS charges_by_dataset ON charges(dataset);
+"""
+
+
+class LifetimeCapExceeded(BudgetExceeded):
+    """A run or a charge would push the dataset's lifetime epsilon past its cap; nothing was recorded.
+
+    A kind of :class:`BudgetExceeded`: refused mid-run (another run on the same data spent
+    the room), the run stops early like one whose own budget ran out.
+    """
+
+    def __init__(self, epsilon: float, cap: float, delta: float, what: str, label: str | None = None) -> None:
+        RuntimeError.__init__(
+            self,
+            f"lifetime budget: {what} would raise this dataset's lifetime epsilon to {epsilon:.4g} (delta={delta:g}) "
+            f"over its cap {cap:g}; nothing was charged. Raise output.lifetime_cap (--lifetime-cap), or pass "
+            "--override-lifetime-cap to run anyway (the ledger records the override)",
+        )
+        self.label = label if label is not None else what
+        self.epsilon, self.budget, self.cap, self.delta = epsilon, cap, cap, delta
+
+
+@dataclass(frozen=True)
+class LifetimeRun:
+    """One run on a dataset as the store knows it (all public except the dataset key)."""
+
+    run_id: str
+    label: str
+    started: float
+    epsilon_budget: float
+    delta: float
+    charges: int
+    cap: float | None
+    cap_overridden: bool
+    unsafe: bool
+
+
+@dataclass(frozen=True)
+class LifetimeTotal:
+    """The composed epsilon of every charge recorded for a dataset, under every accountant."""
+
+    epsilon: float
+    delta: float
+    by_accountant: dict[str, float]
+    accountant: str
+    runs: int
+    charges: int
+    unsafe_runs: int
+
+
+class LifetimeBudget:
+    """The store: one SQLite file, safe under concurrent runs (each write is one transaction)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 60.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._write() as db:
+                for statement in filter(str.strip, _SCHEMA.split(";")):  # executescript would commit early
+                    db.execute(statement)
+                if db.execute("SELECT value FROM meta WHERE key = 'key'").fetchone() is None:
+                    db.execute("INSERT INTO meta VALUES ('key', ?)", (secrets.token_hex(32),))
+                    db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(_SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(f"lifetime_store: {self.path} is not a usable dp-textgrad lifetime store ({exc}); "
+                             "point output.lifetime_store elsewhere or move the file away") from None
+        except OSError as exc:
+            raise OSError(f"lifetime_store: cannot create {self.path} ({exc.strerror or exc}); choose a writable "
+                          "location with output.lifetime_store") from None
+        with self._read() as db:
+            schema = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            self._key = bytes.fromhex(db.execute("SELECT value FROM meta WHERE key = 'key'").fetchone()[0])
+        if schema is None or int(schema[0]) != _SCHEMA_VERSION:
+            raise ValueError(f"lifetime_store: {self.path} has schema {schema and schema[0]!r}; this version reads "
+                             f"{_SCHEMA_VERSION}")
+
+    # -- connections: short-lived, one per operation, so a killed process holds no lock
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        db.execute("PRAGMA synchronous = FULL")
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        try:
+            db = self._connect()
+        except sqlite3.OperationalError as exc:
+            raise self._unwritable(exc) from None
+        try:
+            db.execute("BEGIN IMMEDIATE")  # the write lock first: read-check-write is one step
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:  # disk full, read-only file, lock timeout: nothing recorded
+            raise self._unwritable(exc) from None
+        finally:
+            db.close()
+
+    def _unwritable(self, exc: sqlite3.OperationalError) -> OSError:
+        return OSError(f"lifetime_store: cannot write {self.path} ({exc}); nothing was charged for this step. "
+                       "Free space or fix the file's permissions, then resume the run (--resume RUN_DIR)")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        db = self._connect()
+        try:
+            yield db
+        finally:
+            db.close()
+
+    # -- keys
+    def fingerprint(self, dataset: Any) -> str:
+        """The store's key for a :class:`~dp_textgrad.privacy.data.PrivateDataset` (keyed, operator-only)."""
+        return dataset.fingerprint(self._key)
+
+    # -- runs and charges
+    def open_run(self, run_id: str, dataset: str, *, label: str, epsilon_budget: float, delta: float,
+                 cap: float | None = None, cap_overridden: bool = False) -> None:
+        """Register a run (idempotent: a resumed run keeps its row and its charges)."""
+        with self._write() as db:
+            row = db.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is not None:
+                if row[0] != dataset:
+                    raise ValueError(f"lifetime_store: run {run_id} was started on other data; resume it with the "
+                                     "same private records")
+                db.execute("UPDATE runs SET cap = ?, cap_overridden = MAX(cap_overridden, ?) WHERE run_id = ?",
+                           (cap, int(cap_overridden), run_id))
+                return
+            db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                       (run_id, dataset, label, time.time(), float(epsilon_budget), float(delta), cap,
+                        int(cap_overridden)))
+
+    def mark_unsafe(self, run_id: str) -> None:
+        with self._write() as db:
+            db.execute("UPDATE runs SET unsafe = 1 WHERE run_id = ?", (run_id,))
+
+    def record(self, run_id: str, entry: Mapping[str, Any], *, cap: float | None, delta: float,
+               accountants: Sequence[Accountant] | None = None) -> None:
+        """Record one ledger entry (its ``to_dict()``) in one transaction, before data is read.
+
+        With a ``cap``, the dataset's lifetime epsilon with this entry must stay within it
+        (checked under the write lock, so concurrent runs cannot both slip under it);
+        otherwise :class:`LifetimeCapExceeded` and nothing is recorded. Recording the
+        same (run, index) again is a no-op (a replay after a crash).
+        """
+        index = int(entry["index"])
+        with self._write() as db:
+            row = db.execute("SELECT dataset, cap_overridden FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise ValueError(f"lifetime_store: run {run_id} was not opened in {self.path}")
+            dataset, overridden = row[0], bool(row[1])
+            if db.execute("SELECT 1 FROM charges WHERE run_id = ? AND idx = ?", (run_id, index)).fetchone():
+                return
+            if cap is not None and not overridden:
+                events = [event_from_dict(json.loads(text)["event"]) for (text,) in
+                          db.execute("SELECT entry FROM charges WHERE dataset = ?", (dataset,))]
+                events.append(event_from_dict(dict(entry["event"])))
+                bounds = _all_bounds(list(accountants or default_accountants()), events, delta)
+                spent = min(bounds.values())
+                if spent > cap:
+                    raise LifetimeCapExceeded(spent, cap, delta, f"charge {entry.get('label')!r}",
+                                              label=str(entry.get("label")))
+            db.execute("INSERT INTO charges VALUES (?, ?, ?, ?, ?)",
+                       (run_id, index, dataset, time.time(), json.dumps(dict(entry), allow_nan=False)))
+
+    def entries(self, run_id: str) -> list[dict[str, Any]]:
+        """The recorded ledger entries of one run, in order."""
+        with self._read() as db:
+            return [json.loads(text) for (text,) in
+                    db.execute("SELECT entry FROM charges WHERE run_id = ? ORDER BY idx", (run_id,))]
+
+    def dataset_of(self, run_id: str) -> str | None:
+        with self._read() as db:
+            row = db.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def runs(self, dataset: str) -> list[LifetimeRun]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT r.run_id, r.label, r.started, r.epsilon_budget, r.delta, "
+                "(SELECT COUNT(*) FROM charges c WHERE c.run_id = r.run_id), r.cap, r.cap_overridden, r.unsafe "
+                "FROM runs r WHERE r.dataset = ? ORDER BY r.started", (dataset,)).fetchall()
+        return [LifetimeRun(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6], bool(r[7]), bool(r[8])) for r in rows]
+
+    def datasets(self) -> list[str]:
+        with self._read() as db:
+            return [r[0] for r in db.execute("SELECT dataset FROM runs GROUP BY dataset ORDER BY MIN(started)")]
+
+    def total(self, dataset: str, delta: float, *, extra: Sequence[Any] = (),
+              accountants: Sequence[Accountant] | None = None) -> LifetimeTotal:
+        """Compose every recorded charge of ``dataset`` (plus ``extra`` planned events) at ``delta``."""
+        with self._read() as db:
+            events = [event_from_dict(json.loads(text)["event"]) for (text,) in
+                      db.execute("SELECT entry FROM charges WHERE dataset = ? ORDER BY recorded", (dataset,))]
+        runs = self.runs(dataset)
+        unsafe = sum(r.unsafe for r in runs)
+        events += list(extra)
+        if not events:
+            return LifetimeTotal(math.inf if unsafe else 0.0, delta, {}, "none (no charges)", len(runs), 0, unsafe)
+        bounds = _all_bounds(list(accountants or default_accountants()), events, delta)
+        name = min(bounds, key=bounds.__getitem__)
+        epsilon = math.inf if unsafe else bounds[name]
+        return LifetimeTotal(epsilon, delta, bounds, name, len(runs), len(events) - len(extra), unsafe)
+
+
+__all__ = ["LifetimeBudget", "LifetimeCapExceeded", "LifetimeRun", "LifetimeTotal", "STORE_NAME"]

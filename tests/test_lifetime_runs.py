@@ -1,0 +1,215 @@
+"""Budgets across crashes and reruns, through the command line (issue: a budget you can trust).
+
+Each test reproduces one finding: reruns spending again unseen, a crash in generation 0
+that could not be resumed or left no run-log line, a kill after result.json, an early
+stop that exited 0 without saying why. Scripted engine only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dp_textgrad import cli
+from dp_textgrad.engines.base import EngineError
+from dp_textgrad.privacy.accounting import PrivacyLedger
+from dp_textgrad.privacy.accounting.lifetime import STORE_NAME, LifetimeBudget
+from tests.test_cli import CUES, scripted, write_csv
+
+runner = CliRunner()
+FLAGS = ["--epsilon", "4", "--generations", "2", "--population", "3", "--parents", "2", "--sampling-rate", "0.5",
+         "--seed", "1"]
+
+
+def log_lines(root: Path) -> list[dict]:
+    return [json.loads(line) for line in (root / "run_metadata.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture()
+def files(tmp_path) -> dict[str, Path]:
+    (tmp_path / "data").mkdir()
+    write_csv(tmp_path / "data" / "train.csv", 120)
+    write_csv(tmp_path / "data" / "test.csv", 15)
+    return {"train": tmp_path / "data" / "train.csv", "test": tmp_path / "data" / "test.csv",
+            "runs": tmp_path / "runs"}
+
+
+def optimize(files, *extra: str, engine=None, monkeypatch=None):
+    monkeypatch.setattr(cli, "make_engine", lambda section: engine if engine is not None else scripted())
+    return runner.invoke(cli.app, ["optimize", "--train", str(files["train"]), "--test", str(files["test"]),
+                                   "--runs-root", str(files["runs"]), *FLAGS, *extra], terminal_width=240)
+
+
+def store_charges(files) -> int:
+    store = LifetimeBudget(files["runs"] / "operator" / STORE_NAME)
+    return sum(r.charges for d in store.datasets() for r in store.runs(d))
+
+
+def test_rerun_on_the_same_data_is_shown_and_composed(files, monkeypatch) -> None:
+    first = optimize(files, monkeypatch=monkeypatch)
+    assert first.exit_code == 0, first.output
+    assert "Lifetime budget" in first.output and "no earlier charges" in first.output
+    # The same records in another order are the same dataset.
+    lines = files["train"].read_text().splitlines()
+    files["train"].write_text("\n".join([lines[0]] + lines[:0:-1]) + "\n")
+    second = optimize(files, monkeypatch=monkeypatch)
+    assert second.exit_code == 0, second.output
+    assert "Lifetime budget" in second.output and "spent in" in second.output
+    listing = runner.invoke(cli.app, ["ledger", "--dataset", str(files["train"]), "--runs-root", str(files["runs"])],
+                            terminal_width=240)
+    assert listing.exit_code == 0, listing.output
+    assert listing.output.count("run-") == 2 and "all charges composed" in listing.output
+    spent = [json.loads(p.read_text())["epsilon"] for p in files["runs"].glob("run-*/result.json")]
+    lifetime = float(listing.output.split("lifetime epsilon ")[1].split()[0])
+    assert max(spent) < lifetime < sum(spent)  # composed across runs (PLD), not summed
+    other = files["train"].with_name("other.csv")
+    write_csv(other, 90)
+    fresh = runner.invoke(cli.app, ["ledger", "--dataset", str(other), "--runs-root", str(files["runs"])])
+    assert fresh.exit_code == 0 and "no runs recorded" in fresh.output
+
+
+def test_lifetime_cap_refuses_before_any_charge_and_an_override_is_recorded(files, monkeypatch) -> None:
+    assert optimize(files, monkeypatch=monkeypatch).exit_code == 0
+    charges = store_charges(files)
+    refused = optimize(files, "--lifetime-cap", "5", monkeypatch=monkeypatch)
+    assert refused.exit_code == 2, refused.output
+    assert "lifetime budget" in refused.stderr and "--override-lifetime-cap" in refused.stderr
+    assert store_charges(files) == charges
+    for ledger in files["runs"].glob("run-*/ledger.jsonl"):  # the refused run's ledger holds no charge
+        assert len(PrivacyLedger.from_jsonl(ledger).entries) in (0, charges)
+    forced = optimize(files, "--lifetime-cap", "5", "--override-lifetime-cap", monkeypatch=monkeypatch)
+    assert forced.exit_code == 0, forced.output
+    assert "OVERRIDDEN" in forced.output
+    headers = [json.loads(p.read_text().splitlines()[0]) for p in files["runs"].glob("run-*/ledger.jsonl")]
+    assert {"cap": 5.0, "cap_overridden": True} in [h["lifetime"] for h in headers]
+
+
+def failing_engine(after_calls: int):
+    """Scores fine for ``after_calls`` batches, then the server 'goes away' (a crash mid-generation)."""
+    engine = scripted()
+    original, calls = engine.score_choices_batch, {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > after_calls:
+            raise EngineError("connection refused")
+        return original(*args, **kwargs)
+
+    engine.score_choices_batch = flaky
+    return engine
+
+
+def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(files, monkeypatch) -> None:
+    three = ("--generations", "3")
+    crashed = optimize(files, *three, engine=failing_engine(after_calls=1), monkeypatch=monkeypatch)
+    assert crashed.exit_code == 1, crashed.output
+    (run_dir,) = files["runs"].glob("run-*")
+    assert "--resume" in crashed.stderr
+    assert [line["event"] for line in log_lines(files["runs"])] == ["started", "failed"]  # the run log knows
+    spent = PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl")
+    assert len(spent.entries) == 1 and store_charges(files) == 1
+    # A kill between the store's write and the ledger file's: the ledger file lost its entry.
+    lines = (run_dir / "ledger.jsonl").read_text().splitlines()
+    (run_dir / "ledger.jsonl").write_text(lines[0] + "\n")
+
+    monkeypatch.setattr(cli, "make_engine", lambda section: scripted())
+    resumed = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)], terminal_width=240)
+    text = " ".join(resumed.output.split())
+    after = PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl")
+    assert after.entries[0].event_dict == spent.entries[0].event_dict  # adopted from the store, not lost
+    assert after.epsilon() > spent.epsilon() and store_charges(files) == len(after.entries)  # they agree
+    assert "already spent" in text and "interrupted generation" in text
+    # Generation 0 runs again; the lost charge means the third generation no longer fits: said, exit 3.
+    assert resumed.exit_code == 3, resumed.output
+    result = json.loads((run_dir / "result.json").read_text())
+    assert 1 <= result["generations_run"] < 3 and "interrupted generation" in result["stopped_because"]
+    assert f"Stopped early after {result['generations_run']} of 3 generations" in text
+    events = [line["event"] for line in log_lines(files["runs"])]
+    assert events == ["started", "failed", "resumed", "finished"]
+    assert log_lines(files["runs"])[-1]["stopped_early"] is True
+
+
+def test_a_crash_whose_lost_charge_leaves_no_room_says_so(files, monkeypatch) -> None:
+    assert optimize(files, engine=failing_engine(after_calls=1), monkeypatch=monkeypatch).exit_code == 1
+    (run_dir,) = files["runs"].glob("run-*")
+    monkeypatch.setattr(cli, "make_engine", lambda section: scripted())
+    resumed = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)])
+    assert resumed.exit_code == 1
+    assert "interrupted generation" in resumed.stderr and "nothing was released" in resumed.stderr
+
+
+def test_a_kill_after_result_json_loses_no_run_log_line(files, monkeypatch) -> None:
+    assert optimize(files, monkeypatch=monkeypatch).exit_code == 0
+    (run_dir,) = files["runs"].glob("run-*")
+    log = files["runs"] / "run_metadata.jsonl"
+    kept = [line for line in log.read_text().splitlines() if '"finished"' not in line]
+    log.write_text("\n".join(kept) + "\n")  # as if killed right after result.json
+    again = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)])
+    assert again.exit_code == 2 and "restored" in again.stderr
+    assert [line["event"] for line in log_lines(files["runs"])] == ["started", "finished"]
+    assert runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)]).stderr.count("restored") == 0
+
+
+def test_early_stop_by_budget_exits_3_and_says_so(files, monkeypatch) -> None:
+    from dp_textgrad.dp_es import optimizer as optimizer_module
+
+    # The ledger refuses generation 1's charge (as a lost charge would): a prompt is still released.
+    real_spend = PrivacyLedger.spend
+
+    def spend(self, event, label, metadata=None):
+        if label.startswith("generation 1"):
+            from dp_textgrad.privacy.accounting import BudgetExceeded
+
+            raise BudgetExceeded(label, 9.9, self.epsilon_budget, self.delta)
+        return real_spend(self, event, label, metadata)
+
+    monkeypatch.setattr(PrivacyLedger, "spend", spend)
+    assert optimizer_module  # the optimizer calls the patched method through the ledger
+    result = optimize(files, monkeypatch=monkeypatch)
+    assert result.exit_code == 3, result.output
+    assert "Stopped early after 1 of 2 generations" in " ".join(result.output.split())
+    (run_dir,) = files["runs"].glob("run-*")
+    saved = json.loads((run_dir / "result.json").read_text())
+    assert saved["stopped_because"].startswith("budget exhausted before generation 2 of 2")
+    finished = [line for line in log_lines(files["runs"]) if line["event"] == "finished"]
+    assert finished[0]["stopped_early"] is True and "budget exhausted" in finished[0]["stopped_because"]
+
+
+def test_cues_cover_the_labels() -> None:
+    assert len(CUES) == 5
+
+
+def test_an_unreachable_server_is_found_before_any_charge(files, monkeypatch) -> None:
+    # Finding 2: epsilon was spent, then the run failed on the engine. The real OpenAI engine
+    # at a loopback port nobody listens on: preflight stops the run before the first charge.
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends
+    config = files["train"].parent / "run.toml"
+    config.write_text(f'[engine]\nkind = "openai"\nmodel = "nobody"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+                      '[engine.options]\ntimeout = 2\nmax_retries = 0\n', encoding="utf-8")
+    result = runner.invoke(cli.app, ["optimize", "--config", str(config), "--train", str(files["train"]),
+                                     "--test", str(files["test"]), "--runs-root", str(files["runs"]), *FLAGS],
+                           terminal_width=240)
+    assert result.exit_code == 1, result.output
+    assert "preflight" in result.stderr and "before anything was charged" in result.stderr
+    for ledger in files["runs"].glob("run-*/ledger.jsonl"):
+        assert PrivacyLedger.from_jsonl(ledger).entries == []
+    assert store_charges(files) == 0
+
+
+def test_an_unwritable_runs_root_is_found_before_any_charge(files, monkeypatch) -> None:
+    # A runs root that cannot hold a run directory (here under a regular file: unwritable
+    # even for root, unlike a read-only directory) stops the run before any charge.
+    blocked = files["train"].parent / "not-a-directory"
+    blocked.write_text("a file\n", encoding="utf-8")
+    files["runs"] = blocked / "runs"
+    result = optimize(files, monkeypatch=monkeypatch)
+    assert result.exit_code in (1, 2), result.output
+    assert "output.runs_root: cannot create a run directory" in result.stderr and "nothing was charged" in result.stderr
+    assert blocked.read_text() == "a file\n"
