@@ -21,7 +21,8 @@ from rich.console import Console
 
 from dp_textgrad import runs
 from dp_textgrad.dp_es.config import DPESConfig
-from dp_textgrad.progress import GracefulStop, StopAfterCheckpoint, print_outcome, run_with_progress
+from dp_textgrad.progress import (JSON_HELP, QUIET_HELP, GracefulStop, Output, StopAfterCheckpoint,
+                                  run_with_progress)
 from dp_textgrad.settings import (
     DEFAULT_FILE_SEED_PROMPT,
     EngineSection,
@@ -175,9 +176,12 @@ def demo(
     sampling_rate: Optional[float] = typer.Option(None, help="Poisson sampling rate q (default about 100 records)"),
     seed: int = typer.Option(0, help="seed of the task generator and of non-private choices"),
     runs_root: Path = typer.Option(Path("runs"), help="where run directories are created"),
+    json_lines: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Run DP-ES end to end on the built-in private task with the embedded local model."""
     holder: dict[str, Path] = {}
+    output = Output(console, json_lines=json_lines, quiet=quiet)
 
     def action():
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
@@ -196,15 +200,17 @@ def demo(
         with GracefulStop() as stop:
             return run_with_progress(console, task, engine, config, task_name="support (built-in)",
                                       engine_name=engine.model_string, runs_root=runs_root,
-                                      run_dir=holder["dir"], stop=stop, lifetime=settings.output.lifetime())
+                                      run_dir=holder["dir"], stop=stop, lifetime=settings.output.lifetime(),
+                                      events=output.events)
 
-    _finish(_guarded(action, lambda: holder.get("dir")))
+    with output:
+        _finish(_guarded(action, lambda: holder.get("dir")), output)
 
 
-def _finish(outcome) -> None:
+def _finish(outcome, output: Output) -> None:
     from dp_textgrad.workflow import stopped_early
 
-    print_outcome(console, outcome)
+    output.finish(outcome)
     if stopped_early(outcome.result.stopped_because):
         raise typer.Exit(EXIT_STOPPED_EARLY)
 
@@ -240,8 +246,11 @@ def optimize(
                                                help="run even past the lifetime cap (recorded in the ledger)"),
     lifetime_store: Optional[Path] = typer.Option(None, help="lifetime budget store (output.lifetime_store; "
                                                               "default RUNS_ROOT/operator/lifetime_budget.sqlite)"),
+    json_lines: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Optimize a prompt with DP-ES on your data and any engine. Flags override the config file."""
+    output = Output(console, json_lines=json_lines, quiet=quiet)
     given = dict(config=config, epsilon=epsilon, delta=delta, generations=generations, population=population,
                  parents=parents, sampling_rate=sampling_rate, selection=selection, seed=seed, task=task,
                  train=train, test=test, runs_root=runs_root, encoding=encoding)
@@ -298,9 +307,11 @@ def optimize(
                 the_task, the_engine, settings.dp, task_name=settings.task.display_name(),
                 engine_name=str(getattr(the_engine, "model_string", settings.engine.kind)),
                 runs_root=settings.output.runs_root, run_dir=directory, resume=resume is not None,
-                evaluate=settings.output.evaluate, stop=stop, lifetime=settings.output.lifetime())
+                evaluate=settings.output.evaluate, stop=stop, lifetime=settings.output.lifetime(),
+                events=output.events)
 
-    _finish(_guarded(action, lambda: holder.get("dir")))
+    with output:
+        _finish(_guarded(action, lambda: holder.get("dir")), output)
 
 
 @app.command()

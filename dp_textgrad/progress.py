@@ -7,6 +7,7 @@ subsample). Ctrl-C once finishes the current generation's checkpoint, then stops
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import threading
@@ -46,11 +47,70 @@ class GracefulStop:
             signal.signal(signal.SIGINT, self._previous)
 
 
+JSON_HELP = "print one release-safe JSON object per event on stdout (start, lifetime, generation, finished)"
+QUIET_HELP = "print only the run directory at the end (errors still go to stderr)"
+
+
+class Output:
+    """How a command shows a run: ``rich`` (a live bar on a terminal, one plain line per
+    generation elsewhere), ``json`` (one release-safe event object per line on stdout) or
+    ``quiet`` (only the run directory at the end). Errors go to stderr in every mode.
+
+    A context manager: inside it the console is silent unless the mode is ``rich``.
+    """
+
+    def __init__(self, console: Console, *, json_lines: bool = False, quiet: bool = False) -> None:
+        if json_lines and quiet:
+            raise typer.BadParameter("give --json or --quiet, not both", param_hint="--json / --quiet")
+        self.console = console
+        self.mode = "json" if json_lines else "quiet" if quiet else "rich"
+        self._was_quiet = console.quiet
+
+    def __enter__(self) -> "Output":
+        self.console.quiet = self._was_quiet or self.mode != "rich"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.console.quiet = self._was_quiet
+
+    @property
+    def events(self):
+        """The event sink of this mode (None: the rich display)."""
+        if self.mode == "rich":
+            return None
+        if self.mode == "quiet":
+            return lambda event: None
+        return lambda event: typer.echo(json.dumps(_finite(event), allow_nan=False))
+
+    def finish(self, outcome) -> None:
+        if self.mode == "rich":
+            print_outcome(self.console, outcome)
+        elif self.mode == "quiet":
+            typer.echo(str(outcome.run_dir))
+        else:
+            from dp_textgrad.events import finished_event
+
+            self.events(finished_event(outcome))
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no infinity: a non-finite number (an unsafe run's epsilon) becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def run_with_progress(console: Console, task, engine, config, *, task_name: str, engine_name: str, runs_root: Path,
                        run_dir: Optional[Path] = None, resume: bool = False, evaluate: bool = True,
-                       stop: Optional[GracefulStop] = None, lifetime=None):
+                       stop: Optional[GracefulStop] = None, lifetime=None, events=None):
+    """Run with the rich display, or (``events``: a sink) hand each release-safe event to it."""
     from rich.progress import BarColumn, Progress, TextColumn
 
+    from dp_textgrad import events as run_events
     from dp_textgrad import workflow
 
     # Release-safe fields only: no wall time and no private-phase tokens (both time the secret
@@ -68,6 +128,9 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
         cfg = optimizer.config
         holder["generations"] = cfg.generations
         holder["epsilon"] = cfg.epsilon
+        if events is not None:
+            events(run_events.start_event(optimizer, resumed=resume))
+            return
         mech = optimizer.plan.describe()
         spent = optimizer.ledger.epsilon()
         resumed = ""
@@ -99,21 +162,27 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
             progress.start()
 
     def on_generation(report) -> None:
-        holder["public_tokens"] = (holder.get("public_tokens", 0) + report.public_prompt_tokens
-                                   + report.public_completion_tokens)
-        progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
-                        eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}", tokens=holder["public_tokens"])
-        if not console.is_terminal:
-            console.print(f"generation {report.generation + 1}/{holder['generations']}: best estimate "
-                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g} of "
-                          f"{holder['epsilon']:g}, public tokens {holder['public_tokens']}",
-                          markup=False, highlight=False)
+        if events is not None:
+            events(run_events.generation_event(report))
+        else:
+            holder["public_tokens"] = (holder.get("public_tokens", 0) + report.public_prompt_tokens
+                                       + report.public_completion_tokens)
+            progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
+                            eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}", tokens=holder["public_tokens"])
+            if not console.is_terminal:
+                console.print(f"generation {report.generation + 1}/{holder['generations']}: best estimate "
+                              f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g} of "
+                              f"{holder['epsilon']:g}, public tokens {holder['public_tokens']}",
+                              markup=False, highlight=False)
         # The checkpoint of this generation is on disk now; after the last one, just finish.
         if stop is not None and stop.requested and report.generation + 1 < holder["generations"]:
             raise StopAfterCheckpoint
 
     def on_lifetime(status) -> None:
         # Shown to the data's owner before any charge of this run (see docs/privacy.md, lifetime budget).
+        if events is not None:
+            events(run_events.lifetime_event(status))
+            return
         console.print(f"[bold]Lifetime budget[/]: {status.describe()}", soft_wrap=True, highlight=False)
 
     try:

@@ -110,7 +110,9 @@ def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
                 if gaussian:
                     assert params["library"] <= params[name] * (1 + rtol)
                 else:
-                    assert params["library"] >= params[name] * (1 - 1e-5)
+                    # PLD epsilon is a sawtooth in eps0 at its grid (not even monotone between
+                    # grid points), so the largest fitting eps0 is only defined to about 1e-4.
+                    assert params["library"] >= params[name] * (1 - 1e-4)
             if previous is not None:  # a larger budget needs strictly less noise, under every accountant
                 for name in accountants + ["library"]:
                     if gaussian:

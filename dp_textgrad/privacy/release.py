@@ -151,6 +151,37 @@ CHANNELS: dict[str, dict[str, str]] = {
         "note": PUBLIC,
         # No timestamps: the times between charges would time the private phase.
     },
+    # `optimize --json` and run-event sinks (dp_textgrad.events): the start and lifetime events.
+    # Generation and finished events carry the released fields of `metrics` and `result`.
+    "events": {
+        "event": PUBLIC,                     # start | lifetime | generation | finished
+        "epsilon": PUBLIC,
+        "delta": PUBLIC,
+        "generations": PUBLIC,
+        "population": PUBLIC,
+        "parents": PUBLIC,
+        "sampling_rate": PUBLIC,
+        "dataset_size": PUBLIC,              # N is declared public (docs/privacy.md)
+        "selection": PUBLIC,
+        "mechanism": PUBLIC,
+        "noise_multiplier": PUBLIC,
+        "selection_epsilon": PUBLIC,
+        "noise_secure": PUBLIC,
+        "privacy": PUBLIC,
+        "mode": PUBLIC,
+        "resumed": PUBLIC,
+        "generation": PUBLIC,                # where the run starts (checkpoints are public)
+        "epsilon_spent": PUBLIC,             # the ledger's: a function of the public schedule
+        "interrupted_charges": PUBLIC,
+        "lifetime_epsilon": PUBLIC,          # composed epsilons of public schedules
+        "lifetime_epsilon_with_plan": PUBLIC,
+        "lifetime_accountant": PUBLIC,
+        "lifetime_cap": PUBLIC,
+        "lifetime_cap_overridden": PUBLIC,
+        "run_dir": PUBLIC,
+        "stopped_early": PUBLIC,
+        "store": OPERATOR_ONLY,              # a path on the operator's machine
+    },
 }
 
 # Channels that are not structured payloads: what each may carry (docs/privacy.md lists them).
@@ -159,7 +190,8 @@ TEXT_CHANNELS: dict[str, str] = {
                                       "config.json, audit.json); never from operator/",
     "released_prompt.txt": "the DP-released prompt",
     "cli_settings.json": "the user's settings (public)",
-    "console (stdout)": "budget, plan and public costs; per generation: generation, DP estimates, epsilon spent",
+    "console (stdout)": "budget, plan and public costs; per generation: generation, DP estimates, epsilon spent; "
+                        "with --json one `events` object per line; with --quiet only the run directory",
     "console (stderr)": "one-line errors that quote no private record and no private-derived number; "
                         "validation errors before any charge may name rows of the private file",
     "exception messages and --debug tracebacks": "engine errors while private records are scored are "

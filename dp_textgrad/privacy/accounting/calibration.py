@@ -18,6 +18,7 @@ from dp_textgrad.privacy.accounting.accountants import (
     Accountant,
     PldAccountant,
     RdpAccountant,
+    _has_gaussian,
 )
 from dp_textgrad.privacy.accounting.bounds import default_accountants, smallest_bound
 from dp_textgrad.privacy.accounting.dpa_extensions import _NEIGHBOURS, _CompositionError
@@ -52,8 +53,12 @@ _SEARCH_RELATIVE_GRID = 1e-2
 _FINEST_SEARCH_GRID = 1e-6
 # dp-accounting's PLD computes exp(epsilon): beyond this it overflows.
 _PLD_FLOAT_LIMIT = 500.0
-# Refine with the full set only when the search left more than this share of epsilon unused.
-_REFINE_SLACK = 5e-3
+# Refine with the ledger's PLD when the search left more than this share of epsilon unused.
+# Gaussian PLDs cost ~0.2 s per fresh point on the ledger's grid, which itself resolves epsilon
+# to 0.2%: refine those to 0.1%. Pure-DP PLDs have two points and cost nothing: refine far.
+_REFINE_SLACK_GAUSSIAN = 1e-3
+_REFINE_SLACK_PURE = 1e-5
+_REFINE_STEPS = 6
 
 
 def _resolve_accountants(accountant: Accountant | Sequence[Accountant] | None) -> list[Accountant]:
@@ -224,9 +229,23 @@ def _calibrate(
             break
     # (Past the PLD's float range the search used RDP alone and the result is kept as is:
     # tightening a budget of hundreds of epsilons buys nothing.)
-    if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT and tight_bound(value) < epsilon * (1.0 - _REFINE_SLACK):
-        value = _refine(value, plan, epsilon, delta, accountants, increasing=increasing, tol=tol)
+    slack = _REFINE_SLACK_GAUSSIAN if _has_gaussian(probe) else _REFINE_SLACK_PURE
+    if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT and tight_bound(value) < epsilon * (1.0 - slack):
+        # The PLD alone: any accountant within the target proves the ledger's (smallest) bound,
+        # and the others cost as much as the whole search without being tighter here.
+        tight = [a for a in accountants if a.name == "pld"] or accountants
+        value = _refine(value, plan, epsilon, delta, tight, increasing=increasing, slack=slack,
+                        slope_hint=_log_slope(memo, value))
     return value
+
+
+def _log_slope(memo: dict[float, float], value: float) -> float | None:
+    """d log(epsilon) / d log(parameter) at ``value`` from the search's two nearest evaluations."""
+    near = sorted((x for x, e in memo.items() if x > 0 and 0 < e < math.inf and x != value),
+                  key=lambda x: abs(math.log(x / value)))[:1] + [value]
+    if len(near) < 2 or value not in memo or not 0 < memo[value] < math.inf or memo[near[0]] == memo[value]:
+        return None
+    return math.log(memo[near[0]] / memo[value]) / math.log(near[0] / value)
 
 
 def _shrink_until(value: float, ok: Callable[[float], bool], increasing: bool) -> float:
@@ -238,39 +257,55 @@ def _shrink_until(value: float, ok: Callable[[float], bool], increasing: bool) -
 
 
 def _refine(value: float, plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
-            accountants: Sequence[Accountant], *, increasing: bool, tol: float) -> float:
-    """Tighten a value found with the fast search bounds, using the full set.
+            accountants: Sequence[Accountant], *, increasing: bool, slack: float,
+            slope_hint: float | None = None) -> float:
+    """Tighten a value found with the fast search bounds, using ``accountants``.
 
-    ``value`` fits under the full set. The search bounds can be a few percent looser for
-    tiny per-step losses (PLD grid rounding), so look a little further with the full set;
-    a few evaluations suffice because the optimum is close.
+    ``value`` fits under ``accountants`` with a little slack (the search grid is pessimistic).
+    Epsilon is close to a power law in the parameter, so secant steps in log-log space land
+    within ``slack`` of the target in one or two exact evaluations; every point that fits is a
+    valid answer, so the best one seen is returned and the loop is capped.
     """
 
-    def gap(x: float) -> float:
-        return smallest_bound([plan(x)], delta, accountants) - epsilon
+    def bound(x: float) -> float:
+        try:
+            return smallest_bound([plan(x)], delta, accountants)
+        except (OverflowError, FloatingPointError):
+            return math.inf
 
-    direction = 1.0 if increasing else -1.0
-    far = value * (1.0 + direction * 0.05)
-    for _ in range(6):  # find a point past the optimum
-        if far > 0 and gap(far) > 0:
+    aim = math.log(epsilon * (1.0 - slack / 5.0))  # a hair inside: rounding stays safe
+    # A first guess of d log(epsilon) / d log(parameter). The search's slope is a good guess
+    # for smooth plans; a stepwise one (a coarse grid against small per-step losses) gives
+    # nonsense, hence the plausible range.
+    default = 2.0 if increasing else -2.0
+    plausible = slope_hint is not None and 0.2 <= abs(slope_hint) <= 20 and (slope_hint > 0) == increasing
+    slope = slope_hint if plausible else default
+    best, best_spent = value, bound(value)
+    over: tuple[float, float] | None = None  # the nearest point past the target, once seen
+    u0, e0 = math.log(value), math.log(best_spent)
+    for _ in range(_REFINE_STEPS):
+        if best_spent >= epsilon * (1.0 - slack):
             break
-        value = far if far > 0 else value
-        far = value * (1.0 + direction * 0.05)
-    else:
-        return value
-    lo, hi = sorted((value, far))
-    try:
-        from scipy.optimize import brentq
-
-        root = float(brentq(gap, lo, hi, xtol=max(tol, 1e-5 * value), maxiter=30))
-    except ValueError:
-        return value
-    # brentq lands within xtol on either side: step back to the safe side until it fits.
-    step = max(tol, 1e-5 * value)
-    while gap(root) > 0:
-        root -= direction * step
-        step *= 2.0
-    return root if (root > value) == increasing or root == value else value
+        ub, eb = math.log(best), math.log(best_spent)
+        if over is not None and over[1] != eb:
+            # Bracketed: interpolate between the best fitting point and the nearest one past it.
+            u = ub + (aim - eb) * (over[0] - ub) / (over[1] - eb)
+        else:
+            u = u0 + max(-0.05, min(0.05, (aim - e0) / slope))  # steps of at most 5%
+        spent_u = bound(math.exp(u))
+        if not math.isfinite(spent_u):
+            break
+        if spent_u != best_spent and u != ub:
+            slope = (math.log(spent_u) - eb) / (u - ub)
+            if (slope > 0) != increasing:  # grid noise: keep the known direction
+                slope = default
+        if spent_u <= epsilon:
+            if spent_u > best_spent:
+                best, best_spent = math.exp(u), spent_u
+        elif over is None or abs(u - ub) < abs(over[0] - ub):
+            over = (u, math.log(spent_u))
+        u0, e0 = math.log(best), math.log(best_spent)
+    return best
 
 
 def calibrate_noise_multiplier(plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
