@@ -31,7 +31,10 @@ final selection is the default 'last' (free):
   schedules (``benchmarks/privacy_utility.py``): T = 3, K = 4, k = 2, about 24 records
   per generation (q = 24/N),
   epsilon in {1, 2, 4, 8}; selection 'gaussian' (feedback 'dp_confusion') and
-  'exponential' (feedback 'none').
+  'exponential' (feedback 'none'). ``demo`` and ``library_default`` also run with
+  'exponential'.
+* ``long_run``: a long search on a large private set, exponential only: N = 15,000,
+  T = 100, K = 6, k = 2, q = 150/N, epsilon in {1, 4, 8}.
 
 How each accountant reads a Poisson-subsampled Gaussian generation. RDP and PLD read
 the subsampled Gaussian directly. Basic and advanced composition need a per-step
@@ -42,7 +45,8 @@ delta_i = delta/m under basic composition, and delta_i = delta/(2m) under DRV an
 which keep delta/2 as composition slack; eps_i is then the tight one-step epsilon of the
 subsampled Gaussian at delta_i (the smaller of the one-step PLD and RDP bounds). A pure
 selection (Gumbel top-k of k picks on a Poisson subsample) is one step per generation of
-the amplified pure epsilon ln(1 + q (e^(k eps0) - 1)), with delta_i = 0.
+the amplified pure epsilon ln(1 + q (e^(k eps0) - 1)), with delta_i = 0. PLD reads its
+tight dominating pair and RDP Zhu-Wang's subsampled bound on the bounded-range curve.
 
 The per-accountant calibration is a bracketed root search (Brent's method on log
 epsilon against log parameter) with the accountant alone, first with a cheaper
@@ -162,16 +166,26 @@ SCHEDULES: list[Schedule] = [
         "`dp-textgrad demo` defaults: built-in support task, N = 1500, T = 4, K = 5, k = 2, q = 100/N, epsilon 4",
         1500,
         {"generations": 4, "population": 5, "parents": 2, "sampling_rate": 100 / 1500},
+        selections=("gaussian", "exponential"),
     ),
     Schedule(
         "library_default",
         "DPESConfig defaults (DESIGN.md): T = 6, K = 6, k = 2, q = min(1, 150/N), epsilon 4; N = 1500",
         1500,
         {},
+        selections=("gaussian", "exponential"),
     ),
     _benchmark_schedule("sst2_n2000", "SST-2", 2000),
     _benchmark_schedule("sst2_n20000", "SST-2", 20000),
     _benchmark_schedule("banking10_n1592", "BANKING77 (10 intents)", 1592),
+    Schedule(
+        "long_run",
+        "a long search on a large private set: N = 15,000, T = 100, K = 6, k = 2, q = 150/N; exponential",
+        15000,
+        {"generations": 100, "population": 6, "parents": 2, "sampling_rate": 150 / 15000},
+        budgets=(1.0, 4.0, 8.0),
+        selections=("exponential",),
+    ),
 ]
 
 

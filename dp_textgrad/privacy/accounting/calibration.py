@@ -97,12 +97,15 @@ def _calibrate(
     # under the full set, which the final check below confirms at full precision.
     # The grid follows the target, not each answer, so the searched function has no jumps.
     grid = min(0.5, max(_FINEST_SEARCH_GRID, _SEARCH_RELATIVE_GRID * epsilon))
-    search = [PldAccountant(grid, relative_discretization=None)] if accountant is None else accountants
+    probe = plan(1.0)
+    # A plan without Gaussians is cheap for RDP (closed-form curves), which beats the PLD
+    # for long runs of subsampled selections (bounded range): search on the smaller of both.
+    cheap_rdp = [] if _has_gaussian(probe) else [a for a in accountants if a.name == "rdp"]
+    search = [PldAccountant(grid, relative_discretization=None), *cheap_rdp] if accountant is None else accountants
     if accountant is None and epsilon > _PLD_FLOAT_LIMIT:
         # PLD epsilons past ~709 overflow a float; RDP still answers (the full set's own
         # instance: its memo then serves the final check too).
         search = [a for a in accountants if a.name == "rdp"] or [RdpAccountant()]
-    probe = plan(1.0)
     if not any(all(a.supports(atom) for atom, _ in _group_events([probe])) for a in accountants):
         raise UnsupportedEventError(
             f"plan: no accountant among {[a.name for a in accountants]} can interpret the planned event"
@@ -123,11 +126,13 @@ def _calibrate(
     def fits(x: float) -> bool:
         return spent(x) <= epsilon
 
+    tight = [a for a in accountants if a.name == "pld"] + cheap_rdp or accountants
+
     def tight_bound(x: float) -> float:
-        # The slack is judged on the PLD the search approximates (RDP is rarely tighter for
-        # these plans and costs as much as the whole search); refining then uses the full set.
+        # The slack is judged on the bounds the search approximates (for Gaussian plans RDP
+        # is rarely tighter and costs as much as the whole search, so it is left out there).
         try:
-            return smallest_bound([plan(x)], delta, [a for a in accountants if a.name == "pld"] or accountants)
+            return smallest_bound([plan(x)], delta, tight)
         except (OverflowError, FloatingPointError):
             return math.inf
 
@@ -150,7 +155,7 @@ def _calibrate(
     # grid relative to each answer decides fits / does not fit there (the signs are checked
     # again with the search bound below).
     rough_memo: dict[float, bool] = {}
-    rough = [PldAccountant(relative_discretization=_SEARCH_RELATIVE_GRID)] \
+    rough = [PldAccountant(relative_discretization=_SEARCH_RELATIVE_GRID), *cheap_rdp] \
         if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT else search
 
     def roughly_fits(x: float) -> bool:
@@ -231,9 +236,8 @@ def _calibrate(
     # tightening a budget of hundreds of epsilons buys nothing.)
     slack = _REFINE_SLACK_GAUSSIAN if _has_gaussian(probe) else _REFINE_SLACK_PURE
     if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT and tight_bound(value) < epsilon * (1.0 - slack):
-        # The PLD alone: any accountant within the target proves the ledger's (smallest) bound,
-        # and the others cost as much as the whole search without being tighter here.
-        tight = [a for a in accountants if a.name == "pld"] or accountants
+        # The PLD (and RDP where cheap): any accountant within the target proves the ledger's
+        # (smallest) bound, and the others cost as much as the whole search without being tighter.
         value = _refine(value, plan, epsilon, delta, tight, increasing=increasing, slack=slack,
                         slope_hint=_log_slope(memo, value))
     return value

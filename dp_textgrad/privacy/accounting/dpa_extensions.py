@@ -1,7 +1,8 @@
 """dp-accounting's own RDP and PLD accountants, taught to read our pure-DP events.
 
 dp-accounting 0.6.0 has no pure-DP or Gumbel top-k event. The subclasses here add them
-(also under Poisson subsampling, by amplification) and otherwise defer to the parent,
+(also under Poisson subsampling: the tight dominating pair for PLD, Zhu-Wang's bound
+or amplification for RDP) and otherwise defer to the parent,
 so every event dp-accounting knows keeps its exact treatment.
 """
 
@@ -27,6 +28,7 @@ from dp_textgrad.privacy.accounting.events import (
     _effective_noise_multiplier,
     _pure_epsilon,
 )
+from dp_textgrad.privacy.accounting.subsampled_rdp import poisson_subsampled_rdp
 
 NEIGHBOURS = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 _NEIGHBOURS = NEIGHBOURS
@@ -87,6 +89,20 @@ class _ExtendedRdpAccountant(rdp_lib.RdpAccountant):
     def _add(self, curve: np.ndarray, count: int) -> None:
         self._rdp = self._rdp + count * curve
 
+    def _subsampled_pure_curve(self, event: dpe.PoissonSampledDpEvent, amplified: float) -> np.ndarray:
+        """The smaller of two valid curves: RR of the amplified epsilon, and Zhu-Wang's
+        subsampled RDP of the inner event's own curve (bounded range for Gumbel top-k)."""
+        orders = np.asarray(self._orders, dtype=np.float64)
+        amplified_curve = pure_dp_rdp(amplified, orders)
+
+        def inner_curve(integer_orders: np.ndarray) -> np.ndarray:
+            inner = _ExtendedRdpAccountant(integer_orders)
+            inner.compose(event.event, 1)
+            return np.asarray(inner._rdp, dtype=np.float64)
+
+        subsampled = poisson_subsampled_rdp(inner_curve, float(event.sampling_probability), orders)
+        return np.minimum(amplified_curve, subsampled)
+
     def _maybe_compose(self, event: dpe.DpEvent, count: int, do_compose: bool):
         if isinstance(event, PureDpEvent):
             if do_compose:
@@ -102,8 +118,8 @@ class _ExtendedRdpAccountant(rdp_lib.RdpAccountant):
             amplified = _pure_epsilon(event)
             if amplified is None:
                 return _CompositionError(event, "Poisson-sampled subevent must be Gaussian(s) or pure DP")
-            if do_compose:  # for amplified pure DP only the pure-DP curve of eps' is used
-                self._add(pure_dp_rdp(amplified, self._orders), count)
+            if do_compose:
+                self._add(self._subsampled_pure_curve(event, amplified), count)
             return None
         return super()._maybe_compose(event, count, do_compose)
 
