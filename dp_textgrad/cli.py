@@ -209,7 +209,7 @@ def demo(
             return run_with_progress(console, task, engine, config, task_name="support (built-in)",
                                       engine_name=engine.model_string, runs_root=runs_root,
                                       run_dir=holder["dir"], stop=stop, lifetime=settings.output.lifetime(),
-                                      events=output.events, trackers=trackers_for(settings.output), scoring=pool)
+                                      events=output.events, trackers=trackers_for(settings.output))
 
     with output:
         _finish(_guarded(action, lambda: holder.get("dir")), output)

