@@ -21,8 +21,8 @@ library's default min(1e-5, 1/(10 N)); feedback_noise_ratio is the default 3; th
 final selection is the default 'last' (free):
 
 * ``demo``: ``dp-textgrad demo`` with its defaults: the built-in support task with
-  N = 1500 private records, T = 4 generations, K = 5 candidates, k = 2 parents,
-  q = 100/N (about 100 records per generation), epsilon = 4, Gaussian scoring with
+  N = 1500 private records, T = 3 generations, K = 4 candidates, k = 2 parents,
+  q = 50/N (about 50 records per generation), epsilon = 4, Gaussian scoring with
   DP confusion-matrix feedback.
 * ``library_default``: ``DPESConfig()`` defaults (DESIGN.md): T = 6, K = 6, k = 2,
   q = min(1, 150/N), epsilon = 4, Gaussian scoring with DP feedback; N = 1500 as in the
@@ -163,9 +163,9 @@ def _benchmark_schedule(name: str, dataset: str, n: int) -> Schedule:
 SCHEDULES: list[Schedule] = [
     Schedule(
         "demo",
-        "`dp-textgrad demo` defaults: built-in support task, N = 1500, T = 4, K = 5, k = 2, q = 100/N, epsilon 4",
+        "`dp-textgrad demo` defaults: built-in support task, N = 1500, T = 3, K = 4, k = 2, q = 50/N, epsilon 4",
         1500,
-        {"generations": 4, "population": 5, "parents": 2, "sampling_rate": 100 / 1500},
+        {"generations": 3, "population": 4, "parents": 2, "sampling_rate": 50 / 1500},
         selections=("gaussian", "exponential"),
     ),
     Schedule(

@@ -1,4 +1,5 @@
-"""Mutant-kill table: each privacy bug patched into the real code, audited by ``audit_scorer``.
+"""Mutant-kill table: each privacy bug patched into the real code, audited by ``audit_scorer``
+(the real scorer, per channel) and ``audit_controller_loop`` (the whole controller at q < 1).
 
     python benchmarks/audit_mutants.py            # prints the markdown table for docs/audit.md
 
@@ -21,18 +22,33 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
 
+from dp_textgrad.audit.mechanism_loop import audit_controller_loop  # noqa: E402
 from dp_textgrad.audit.mechanism_scorer import audit_scorer  # noqa: E402
 from dp_textgrad.dp_es import scorer as scorer_module  # noqa: E402
 from dp_textgrad.dp_es import scoring as scoring_module  # noqa: E402
 from dp_textgrad.privacy import mechanisms  # noqa: E402
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset  # noqa: E402
 
-# The Gaussian statistic cannot see a fixed-seed subsample at delta = 1e-5 (docs/audit.md):
-# one canary position, more runs. The selection audit places the canary at four positions.
+# A small rate q makes the amplified claim far below what an always-sampled canary shows, so
+# the Gaussian statistics see a fixed-seed subsample too (at q = 0.5 they could not: docs/audit.md).
+# Every audit places the canary at four positions (Bonferroni over them).
 SETTINGS = {
-    "gaussian": dict(mechanism="gaussian", sampling_rate=0.5, noise_multiplier=2.0, positions=1, runs=20000),
+    "gaussian": dict(mechanism="gaussian", sampling_rate=0.1, noise_multiplier=1.0, positions=4, runs=40000),
+    "confusion": dict(mechanism="confusion", sampling_rate=0.1, noise_multiplier=4.0, feedback_noise_multiplier=1.0,
+                      positions=4, runs=40000),
     "exponential": dict(mechanism="exponential", sampling_rate=0.25, epsilon0=2.0, candidates=20, runs=12000),
+    # The whole DP-ES controller (calibration to epsilon 0.9, mutation, the real DPScorer at
+    # q = 0.3, release) with the ScriptedEngine; statistic: the released prompt is the seed,
+    # which the canary favours, among 16 candidates.
+    "controller": dict(selection="exponential", sampling_rate=0.3, epsilon=0.9, generations=1, population=16,
+                       parents=1, n_background=3, positions=2, runs=6000, positive_control=False),
 }
+
+
+def run_audit(name: str):
+    """The audit of row ``name`` of :data:`SETTINGS` (the controller loop or the real scorer)."""
+    settings = SETTINGS[name]
+    return audit_controller_loop(**settings) if name == "controller" else audit_scorer(**settings)
 
 
 @contextlib.contextmanager
@@ -42,9 +58,12 @@ def correct() -> Iterator[None]:
 
 @contextlib.contextmanager
 def half_noise() -> Iterator[None]:
-    """Noise std x 0.5 (Gaussian) and Gumbel scale x 0.5 (selection)."""
+    """Noise std x 0.5 (Gaussian scores, confusion matrices) and Gumbel scale x 0.5 (selection)."""
+    confusion_std = mechanisms.GaussianScoreMechanism.confusion_noise_std
     with mock.patch.object(mechanisms.GaussianScoreMechanism, "noise_std",
                            property(lambda self: 0.5 * self.noise_multiplier * self.l2_sensitivity)), \
+            mock.patch.object(mechanisms.GaussianScoreMechanism, "confusion_noise_std",
+                              lambda self, matrices: 0.5 * confusion_std(self, matrices)), \
             mock.patch.object(mechanisms.GumbelTopK, "noise_scale",
                               property(lambda self: 0.5 * self.sensitivity / self.epsilon0)):
         yield
@@ -52,9 +71,13 @@ def half_noise() -> Iterator[None]:
 
 @contextlib.contextmanager
 def clip_ignored() -> Iterator[None]:
-    """Utility sums without clipping: a record can move a sum by more than C."""
+    """Sensitivity x 2 or more: utility sums without clipping (a record moves a sum by 3C), and
+    confusion counts that count each record twice."""
+    counts = scoring_module.confusion_counts
     with mock.patch.object(scoring_module, "clipped_utility_sums",
-                           lambda scores, clip_bound: np.nan_to_num(np.asarray(scores, dtype=float)).sum(axis=1)):
+                           lambda scores, clip_bound: np.nan_to_num(np.asarray(scores, dtype=float)).sum(axis=1)), \
+            mock.patch.object(scoring_module, "confusion_counts",
+                              lambda gold, predicted, num_labels: 2.0 * counts(gold, predicted, num_labels)):
         yield
 
 
@@ -86,9 +109,9 @@ def table() -> str:
     for name, settings in SETTINGS.items():
         for label, mutant in MUTANTS.items():
             with mutant():
-                result = audit_scorer(**settings)
+                result = run_audit(name)
             ratio = f"{result.eps_lb / result.claimed_epsilon:.2f}" if result.claimed_epsilon > 0 else "-"
-            rows.append(f"| {name} (q = {settings['sampling_rate']}) | {label} | "
+            rows.append(f"| {name} (q = {settings['sampling_rate']:g}) | {label} | "
                         f"{'**yes**' if result.violation else 'no'} | {result.runs_per_arm} | "
                         f"{result.eps_lb:.3f} | {result.claimed_epsilon:.3f} | {ratio} |")
     return "\n".join(rows)

@@ -40,7 +40,6 @@ from dp_textgrad.tracking import trackers_for
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Differentially private prompt optimization (DP-ES on TextGrad).")
 console = Console(stderr=False)
-err = Console(stderr=True)
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -49,6 +48,8 @@ EXIT_INTERRUPTED = 130
 
 # What the CLI saves in a run directory so that `optimize --resume` can rebuild the task and engine.
 CLI_SETTINGS_NAME = runs.CLI_SETTINGS_NAME
+# Measured (docs/benchmarks.md, "The demo"): 3 x 4 candidates on ~50 records, then 500 test records.
+DEMO_RECORDS_PER_GENERATION = 50
 
 _state: dict[str, bool] = {"debug": False}
 
@@ -175,12 +176,13 @@ def _start_run_dir(runs_root: Path, settings: OptimizeSettings) -> Path:
 def demo(
     epsilon: float = typer.Option(4.0, help="total privacy budget epsilon"),
     delta: Optional[float] = typer.Option(None, help="total delta (default min(1e-5, 1/(10N)))"),
-    generations: int = typer.Option(4, help="DP generations"),
-    population: int = typer.Option(5, help="candidates per generation"),
+    generations: int = typer.Option(3, help="DP generations"),
+    population: int = typer.Option(4, help="candidates per generation"),
     parents: int = typer.Option(2, help="parents per generation"),
     n_private: int = typer.Option(1500, help="size of the built-in private training set"),
-    n_test: int = typer.Option(150, help="size of the built-in test split"),
-    sampling_rate: Optional[float] = typer.Option(None, help="Poisson sampling rate q (default about 100 records)"),
+    n_test: int = typer.Option(500, help="size of the built-in test split (the paired test needs a few hundred)"),
+    sampling_rate: Optional[float] = typer.Option(None, help="Poisson sampling rate q (default about 50 records)"),
+    selection: str = typer.Option("gaussian", help="gaussian | exponential | permute_and_flip"),
     seed: int = typer.Option(0, help="seed of the task generator and of non-private choices"),
     runs_root: Path = typer.Option(Path("runs"), help="where run directories are created"),
     mlflow: Optional[str] = typer.Option(None, help=MLFLOW_HELP),
@@ -196,9 +198,10 @@ def demo(
         from dp_textgrad.tasks.synthetic import make_support_task
 
         task = make_support_task(seed=seed, n_private=n_private, n_test=n_test)
-        q = sampling_rate if sampling_rate is not None else min(1.0, 100 / len(task.private_train))
+        q = min(1.0, DEMO_RECORDS_PER_GENERATION / len(task.private_train)) if sampling_rate is None else sampling_rate
         config = _config_from(dict(epsilon=epsilon, delta=delta, generations=generations, population=population,
-                                   parents=parents, sampling_rate=q, seed=seed))
+                                   parents=parents, sampling_rate=q, seed=seed, selection=selection,
+                                   feedback="dp_confusion" if supports_feedback(selection) else "none"))
         console.print("Loading the local model (Gemma 3 270M via llama.cpp; first use assembles the GGUF)...")
         engine = LlamaCppEngine()
         settings = OptimizeSettings(

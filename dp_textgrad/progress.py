@@ -106,6 +106,12 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def best_estimate_text(report) -> str:
+    """The generation's best DP estimate, or why there is none (a selection releases no scores)."""
+    value = report.best_estimate
+    return "none released (selection only)" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
 def run_with_progress(console: Console, task, engine, config, *, task_name: str, engine_name: str, runs_root: Path,
                        run_dir: Optional[Path] = None, resume: bool = False, evaluate: bool = True,
                        stop: Optional[GracefulStop] = None, lifetime=None, events=None, trackers=(), scoring=None):
@@ -184,11 +190,11 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
         if not emit(lambda: run_events.generation_event(report)):
             holder["public_tokens"] = (holder.get("public_tokens", 0) + report.public_prompt_tokens
                                        + report.public_completion_tokens)
-            progress.update(holder["task"], completed=report.generation + 1, best=f"{report.best_estimate:.3f}",
+            progress.update(holder["task"], completed=report.generation + 1, best=best_estimate_text(report),
                             eps=f"{report.epsilon_spent:.3g}/{holder['epsilon']:g}", tokens=holder["public_tokens"])
             if not console.is_terminal:
                 console.print(f"generation {report.generation + 1}/{holder['generations']}: best estimate "
-                              f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g} of "
+                              f"{best_estimate_text(report)}, epsilon spent {report.epsilon_spent:.3g} of "
                               f"{holder['epsilon']:g}, public tokens {holder['public_tokens']}",
                               markup=False, highlight=False)
         # The checkpoint of this generation is on disk now; after the last one, just finish.

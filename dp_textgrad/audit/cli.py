@@ -185,6 +185,7 @@ def canaries(
         _bad_input(str(exc))
 
     from dp_textgrad.engines.base import EngineError
+    from dp_textgrad.progress import best_estimate_text
     from dp_textgrad.tasks.synthetic import generate_support_examples, make_support_task
 
     console = Console(width=max(Console().width, 120))
@@ -200,7 +201,7 @@ def canaries(
 
         def progress(report) -> None:
             console.print(f"  generation {report.generation + 1}/{generations}: best estimate "
-                          f"{report.best_estimate:.3f}, epsilon spent {report.epsilon_spent:.3g}")
+                          f"{best_estimate_text(report)}, epsilon spent {report.epsilon_spent:.3g}")
 
         result = run_canary_audit(task, engine, config, records=records, n_canaries=n_canaries, seed=seed,
                                   mode=mode, options=options, runs_root=runs_dir, evaluate=evaluate,

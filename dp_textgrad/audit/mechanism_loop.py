@@ -25,6 +25,7 @@ from dp_textgrad.privacy.accounting import smallest_bound
 
 _CANARY_TEXT = "audit canary record"
 _TRAILING_TEXT = "audit baseline record 0"
+_CANARY_RAW = 3.0  # the canary's raw score for the seed prompt, in units of C: above the clip bound on purpose
 
 
 class _RecordingLedger:
@@ -57,12 +58,16 @@ class _RecordingLedger:
         pass  # the audit states its own (insecure, seeded) noise in its result
 
 
-def _audit_task(seed_prompt: str, n_background: int, clip_bound: float) -> Any:
+def _audit_task(seed_prompt: str, n_background: int, clip_bound: float, trailing: bool = True) -> Any:
     """A tiny task whose per-record score is a table: the canary gives C to the seed prompt.
 
     D: ``n_background`` records scoring C/2 for every candidate, except one record that
     scores 0 for the seed prompt (so the seed trails by C/2 and never wins a tie).
-    The canary scores C for the seed prompt and 0 for every other candidate.
+    With ``trailing`` False (q < 1, where a subsampled trailing record would make the
+    deficit random) every background record scores 0 for every candidate instead.
+    The canary scores 3C for the seed prompt (clipped to C: a scorer that forgot to
+    clip would show it) and 0 for every other candidate; ``make(position)`` puts it at
+    that index (None: no canary).
     """
     from dp_textgrad.privacy.data import PrivateDataset
     from dp_textgrad.tasks.base import ClassificationTask, Example, RecordOutcomes
@@ -74,9 +79,10 @@ def _audit_task(seed_prompt: str, n_background: int, clip_bound: float) -> Any:
         def private_outcomes(self, engine: Any, prompt: str, batch: Any, verbalizers: Any = None) -> Any:
             texts = [record.unwrap().text for record in batch]  # inside the DP scorer only
             is_seed = prompt == self.favoured
+            background = 0.5 * self.clip_bound if trailing else 0.0
             scores = np.array([
-                (self.clip_bound if is_seed else 0.0) if text == _CANARY_TEXT
-                else (0.0 if (is_seed and text == _TRAILING_TEXT) else 0.5 * self.clip_bound)
+                (_CANARY_RAW * self.clip_bound if is_seed else 0.0) if text == _CANARY_TEXT
+                else (0.0 if (is_seed and text == _TRAILING_TEXT) else background)
                 for text in texts
             ])
             labels = np.zeros(len(texts), dtype=int)
@@ -84,8 +90,10 @@ def _audit_task(seed_prompt: str, n_background: int, clip_bound: float) -> Any:
 
     records = [Example(f"audit baseline record {i}", "yes") for i in range(n_background)]
 
-    def make(with_canary: bool) -> Any:
-        private = records + ([Example(_CANARY_TEXT, "yes")] if with_canary else [])
+    def make(position: int | None) -> Any:
+        private = list(records)
+        if position is not None:
+            private.insert(position, Example(_CANARY_TEXT, "yes"))
         return _TableTask(name="audit-table", description="Answer yes or no.", labels=["yes", "no"],
                           private_train=PrivateDataset(private), test=[], clip_bound=clip_bound,
                           seed_prompt=seed_prompt)
@@ -97,6 +105,7 @@ def audit_controller_loop(
     *, epsilon: float = 2.0, delta: float = 1e-5, generations: int = 2, population: int = 3, parents: int = 1,
     selection: Literal["gaussian", "exponential"] = "gaussian", n_background: int = 20, runs: int = 300,
     alpha: float = 0.05, actual_noise_factor: float = 1.0, positive_control: bool = True, seed: int = 0,
+    sampling_rate: float = 1.0, positions: int = 1,
 ) -> MechanismAuditResult:
     """Audit the real DP-ES loop (``EvolutionController``) with the tests-only ScriptedEngine.
 
@@ -107,6 +116,11 @@ def audit_controller_loop(
     library's bound on the events the runs actually charged (checked equal across runs).
     Noise off: the controller's noise source is replaced by one with zero noise;
     ``actual_noise_factor`` scales the released noise without changing what is charged.
+
+    ``sampling_rate`` < 1 runs the real Poisson subsampling of every generation; the
+    background then scores 0 for every candidate and there is no noise-off control
+    (ties make it meaningless). The canary stands at each of ``positions`` indices in turn
+    (one group of member runs each, Bonferroni over the groups), as in ``audit_scorer``.
     """
     from dp_textgrad._textgrad import import_textgrad
     from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy, EvolutionController
@@ -114,26 +128,30 @@ def audit_controller_loop(
     from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
     from dp_textgrad.engines.scripted import ScriptedEngine
 
-    # q = 1: with q < 1 the background record that makes the seed trail would itself be
-    # subsampled and the noise-off control would lose its power (subsampling is audited
-    # at the mechanism level instead).
-    trials = _Trials.checked(runs, 1.0, actual_noise_factor, delta, alpha, positive_control, seed)
+    subsampled = sampling_rate != 1.0
+    if subsampled and positive_control:
+        raise ValueError("positive_control: the noise-off control needs sampling_rate = 1; pass "
+                         "positive_control=False with a subsample")
+    trials = _Trials.checked(runs, sampling_rate, actual_noise_factor, delta, alpha, positive_control, seed)
     runs, q, factor = trials.runs, trials.sampling_rate, trials.noise_factor
+    if not 1 <= positions <= n_background + 1:
+        raise ValueError(f"positions: must be in [1, n_background + 1 = {n_background + 1}], got {positions}")
     strategy = SELECTION_STRATEGIES.get(selection)
     if strategy is None:
         raise ValueError(f"selection: use one of {sorted(SELECTION_STRATEGIES)}, got {selection!r}")
     started = time.perf_counter()
     tg = import_textgrad()
     seed_prompt = "Answer the question."
-    make_task = _audit_task(seed_prompt, n_background, 1.0)
-    tasks = {False: make_task(False), True: make_task(True)}
+    make_task = _audit_task(seed_prompt, n_background, 1.0, trailing=not subsampled)
+    # q = 1: the canary at the end; q < 1: at each of `positions` indices (one member group each)
+    member_positions = list(range(positions)) if subsampled else [n_background]
     engine = ScriptedEngine()
     settings = dict(epsilon=epsilon, delta=delta, generations=generations, population=population, parents=parents,
-                    selection=selection, sampling_rate=q, use_critiques=False, seed=seed,
+                    selection=selection, sampling_rate=q, use_critiques=False, llm_operators=False, seed=seed,
                     # DP confusion feedback rides on Gaussian scoring only.
                     feedback="dp_confusion" if strategy.supports_feedback else "none")
     planner = DPEvolutionStrategy([tg.Variable(seed_prompt, role_description="system prompt", requires_grad=True)],
-                                  task=tasks[True], engine=engine, **settings)
+                                  task=make_task(member_positions[0]), engine=engine, **settings)
     config = planner.config
     charged_by_first_run: list[dp_accounting.DpEvent] = []
 
@@ -155,15 +173,25 @@ def audit_controller_loop(
             raise RuntimeError("audit_controller_loop: runs charged different events; the claim would not apply")
         return result.prompt == seed_prompt
 
-    def arms(noise_off: bool) -> tuple[np.ndarray, np.ndarray]:
+    def arms(noise_off: bool) -> tuple[list[np.ndarray], np.ndarray]:
         base = 1_000_000 * (seed + 1) + (500_000 if noise_off else 0)
-        members = np.array([one_run(tasks[True], base + 2 * i, noise_off) for i in range(runs)])
-        nonmembers = np.array([one_run(tasks[False], base + 2 * i + 1, noise_off) for i in range(runs)])
-        return members, nonmembers
+        per_group = max(1, runs // len(member_positions))
+        nonmember_task = make_task(None)
+        nonmembers = np.array([one_run(nonmember_task, base + 2 * i + 1, noise_off) for i in range(runs)])
+        groups = []
+        for g, position in enumerate(member_positions):
+            task = make_task(position)
+            groups.append(np.array([one_run(task, base + 2 * (g * per_group + i), noise_off)
+                                    for i in range(per_group)]))
+        return groups, nonmembers
 
-    members, nonmembers = arms(noise_off=False)
-    bound = _binary_bound(members, nonmembers, delta, alpha)
-    control = _binary_bound(*arms(noise_off=True), delta, alpha) if positive_control else None
+    groups, nonmembers = arms(noise_off=False)
+    bound = max((_binary_bound(members, nonmembers, delta, alpha / len(groups)) for members in groups),
+                key=lambda b: b.epsilon)
+    control = None
+    if positive_control:
+        control_groups, control_nonmembers = arms(noise_off=True)
+        control = _binary_bound(control_groups[0], control_nonmembers, delta, alpha)
     # The claim: the default accountants on what every run actually charged.
     claim = float(smallest_bound(charged_by_first_run, delta))
     return trials.result(
@@ -172,7 +200,7 @@ def audit_controller_loop(
                     "parents": parents, "selection": selection, "n_background": n_background,
                     "noise_multiplier": planner.noise_multiplier, "selection_epsilon": planner.selection_epsilon,
                     "feedback": config.feedback, "use_critiques": False, "actual_noise_factor": factor,
-                    "seed": seed},
+                    "positions": len(member_positions), "seed": seed},
         note="statistic: the released prompt is the one the canary favours; real EvolutionController, "
              "ScriptedEngine, calibration once, recording ledger",
     )

@@ -8,7 +8,9 @@ so a mechanism that skips its charge claims 0 and any positive lower bound flags
 
 The canary scores 3C for candidate 0 (0 for the others); every background record
 scores 0. Clipping to [0, C] bounds its effect; a scorer that forgot to clip would
-shift candidate 0 by 3C. The canary stands at each of ``positions`` places in turn
+shift candidate 0 by 3C. In the confusion audit the canary is also the one record the
+candidate gets wrong (gold "yes", predicted "no"), so it adds 1 to one cell of the
+released confusion matrix, which rides on the same subsample and charge as the score. The canary stands at each of ``positions`` places in turn
 (one group of runs per place, Bonferroni over the groups): a subsample that is not
 secret (drawn with a fixed seed) holds some places in every run, and there the
 release is not amplified.
@@ -48,9 +50,9 @@ class _TableTask:
         from dp_textgrad.tasks.base import RecordOutcomes
 
         favoured = prompt == "candidate 0"
-        raw = np.array([_CANARY_RAW * self.clip_bound if r.unwrap().canary and favoured else 0.0 for r in batch])
-        labels = np.zeros(len(raw), dtype=int)
-        return RecordOutcomes(scores=raw, gold=labels, predicted=labels)
+        canary = np.array([r.unwrap().canary for r in batch], dtype=bool)
+        raw = np.where(canary & favoured, _CANARY_RAW * self.clip_bound, 0.0)
+        return RecordOutcomes(scores=raw, gold=np.zeros(len(raw), dtype=int), predicted=canary.astype(int))
 
 
 class _Candidate:
@@ -70,14 +72,18 @@ class _RecordingLedger:
 
 
 def audit_scorer(
-    *, mechanism: Literal["gaussian", "exponential"] = "gaussian", sampling_rate: float = 0.5,
-    noise_multiplier: float = 2.0, epsilon0: float = 2.0, candidates: int = 20, positions: int = 4,
+    *, mechanism: Literal["gaussian", "confusion", "exponential"] = "gaussian", sampling_rate: float = 0.5,
+    noise_multiplier: float = 2.0, feedback_noise_multiplier: float = 1.0, epsilon0: float = 2.0,
+    candidates: int = 20, positions: int = 4,
     background: int = 3, clip_bound: float = 1.0, runs: int = 12000, delta: float = 1e-5, alpha: float = 0.05,
     seed: int = 0,
 ) -> MechanismAuditResult:
     """Audit the real ``DPScorer`` path on D vs D + canary (``runs`` per arm, split over the positions).
 
-    Gaussian: the statistic is candidate 0's released noisy sum (one candidate). Exponential:
+    Gaussian: the statistic is candidate 0's released noisy sum (one candidate). Confusion:
+    the same sum plus candidate 0's noisy confusion matrix (``feedback_noise_multiplier``),
+    combined as the likelihood-ratio statistic of the canary's shift (C on the sum, 1 on
+    the cell yes -> no), each part divided by its released noise variance. Exponential:
     whether candidate 0 was selected (Gumbel top-1 among ``candidates``); with many
     candidates "candidate 0" is rare without the canary, so the amplified pure-DP
     likelihood ratio 1 - q + q K P(selected | canary sampled) shows at moderate sample sizes.
@@ -85,12 +91,13 @@ def audit_scorer(
     from dp_textgrad.dp_es.scorer import DPScorer  # the real scorer, imported when audited
 
     trials = _Trials.checked(runs, sampling_rate, 1.0, delta, alpha, False, seed)
-    if mechanism not in ("gaussian", "exponential"):
-        raise ValueError(f"mechanism: use 'gaussian' or 'exponential', got {mechanism!r}")
+    if mechanism not in ("gaussian", "confusion", "exponential"):
+        raise ValueError(f"mechanism: use 'gaussian', 'confusion' or 'exponential', got {mechanism!r}")
     if positions < 1 or positions > background + 1:
         raise ValueError(f"positions: must be in [1, background + 1 = {background + 1}], got {positions}")
     started = time.perf_counter()
-    k = 1 if mechanism == "gaussian" else candidates
+    scores_only = mechanism != "exponential"
+    k = 1 if scores_only else candidates
     pool = [_Candidate(i) for i in range(k)]
     per_group = max(1, trials.runs // positions)
 
@@ -100,6 +107,15 @@ def audit_scorer(
         if mechanism == "gaussian":
             released = GaussianScoreMechanism(noise_multiplier, clip_bound, 1)
             return np.array([scorer.score(pool, released, "audit").noisy_sums[0] for _ in range(count)])
+        if mechanism == "confusion":
+            with_matrix = GaussianScoreMechanism(noise_multiplier, clip_bound, 1, feedback_noise_multiplier)
+            # the likelihood-ratio weights: each part's shift over its noise variance
+            weights = (clip_bound / with_matrix.noise_std**2, 1.0 / with_matrix.confusion_noise_std(1) ** 2)
+            out = []
+            for _ in range(count):
+                release = scorer.score(pool, with_matrix, "audit", feedback_candidates=[0])
+                out.append(weights[0] * release.noisy_sums[0] + weights[1] * release.confusion[0][0, 1])
+            return np.array(out)
         selection = GumbelTopK(epsilon0, 1, clip_bound)
         return np.array([float(scorer.select(pool, selection, "audit")[0] == 0) for _ in range(count)])
 
@@ -111,7 +127,7 @@ def audit_scorer(
         records = [_Record(False) for _ in range(background)]
         records.insert(position, _Record(True))
         members = arm(records, base + 1 + position, ledger, per_group)
-        if mechanism == "gaussian":
+        if scores_only:
             bound = eps_lower_bound_from_scores(members, nonmembers, delta, alpha / positions, 0.5, seed=seed)
         else:
             bound = eps_lower_bound_from_scores(members, nonmembers, delta, alpha / positions, "bonferroni",
@@ -126,6 +142,7 @@ def audit_scorer(
     return trials.result(
         f"scorer_{mechanism}", claim, best, None, started=started,
         parameters={"mechanism": mechanism, "noise_multiplier": float(noise_multiplier), "epsilon0": float(epsilon0),
+                    "feedback_noise_multiplier": float(feedback_noise_multiplier),
                     "candidates": k, "positions": positions, "background": background,
                     "clip_bound": float(clip_bound), "runs_per_position": per_group, "seed": seed,
                     "eps_lb_by_position": [round(b.epsilon, 4) for b in bounds]},
