@@ -123,7 +123,8 @@ def llm_crossover(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
             text, reason = None, "unchanged"
         if text is not None:
             meta["output_chars"] = len(raw)
-            result = m.finish(PromptLayout(text, demos), primary, "llm_crossover", meta, used_unsafe)
+            result = m.finish(PromptLayout(text, demos), primary, "llm_crossover", meta, used_unsafe,
+                              partners=[partner])
             if result is not None:
                 return result
             reason = "rejected"

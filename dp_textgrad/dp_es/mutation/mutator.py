@@ -31,6 +31,7 @@ from dp_textgrad.dp_es.mutation.phrase_bank import (
     FORMAT_INSTRUCTIONS,
     INSTRUCTION_PHRASES,
 )
+from dp_textgrad.dp_es.mutation.readable import foreign_words, instruction_problems, task_vocabulary
 from dp_textgrad.dp_es.mutation.text_edits import (
     Edit,
     PromptLayout,
@@ -104,7 +105,11 @@ class Mutator:
             PublicText(norm_block(self.render_demo(ex)), "public_example") for ex in self.public_examples
         ] + [PublicText(norm_block(self.render_demo(ex)), "unsafe") for ex in self.unsafe_examples]
         self.demo_labels = [ex.label for ex in self.public_examples] + [ex.label for ex in self.unsafe_examples]
-        self.phrases = [PublicText(p, "phrase_bank") for p in INSTRUCTION_PHRASES]
+        # Words of the task's public text: phrase-bank sentences and rule edits stay within them.
+        self.vocabulary = task_vocabulary(str(self.task_description), [str(lab) for lab in self.labels],
+                                          [ex.text for ex in self.public_examples])
+        self.phrases = [PublicText(p, "phrase_bank") for p in INSTRUCTION_PHRASES
+                        if not foreign_words(p, self.vocabulary)]
         self.formats = [PublicText(p, "phrase_bank") for p in FORMAT_INSTRUCTIONS]
         self.weights = self._resolve_weights(weights)
         if max_prompt_chars < 50:
@@ -210,12 +215,18 @@ class Mutator:
         return [d for d in self.demo_pool if normalise_text(d) not in present]
 
     def finish(self, layout: PromptLayout, primary: Candidate, operator: str, meta: dict[str, Any],
-               used_unsafe: bool = False) -> Edit | None:
-        """Accept an edited layout if it is non-empty, new and within the length limit."""
+               used_unsafe: bool = False, partners: Sequence[Candidate] = ()) -> Edit | None:
+        """Accept an edited layout if it is non-empty, new, within the length limit and adds no
+        fragment (or, for rule edits, no word foreign to the task) that no parent had."""
         text = layout.compose()
         if not layout.instruction.strip() and not layout.demos:
             return None
         if len(text) > self.max_prompt_chars or normalise_text(text) == primary.key:
+            return None
+        vocabulary = None if getattr(OPERATORS.get(operator), "uses_llm", False) else self.vocabulary
+        before = {problem for parent in (primary, *partners)
+                  for problem in instruction_problems(self.layout(parent).instruction, vocabulary)}
+        if set(instruction_problems(layout.instruction, vocabulary)) - before:
             return None
         return Edit(text, operator, meta, used_unsafe)
 

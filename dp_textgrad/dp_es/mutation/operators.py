@@ -139,7 +139,7 @@ def sentence_crossover(m: Mutator, primary: Candidate, partners: Sequence[Candid
                                             if normalise_text(s) not in {normalise_text(x) for x in sa}]
     demos = merge_demos(a.demos, b.demos, m.max_demos)
     result = m.finish(PromptLayout(" ".join(mixed), demos), primary, "sentence_crossover",
-                      {"partner_ids": [partner.id]})
+                      {"partner_ids": [partner.id]}, partners=[partner])
     if result is not None and normalise_text(result.text) == partner.key:
         return None
     return result

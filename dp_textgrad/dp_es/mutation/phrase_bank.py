@@ -1,7 +1,9 @@
 """Public text the mutator may use: phrases, format instructions and worked examples.
 
 Everything here was written for this library and contains no data from any user
-or dataset, so it is public by construction. Rule edits insert these phrases into
+or dataset, so it is public by construction. A mutator uses only the phrases whose
+words its task's public text also uses (``readable.py``): the message-oriented ones do
+not reach a film-review task. Rule edits insert these phrases into
 candidate prompts, and the LLM prompts use the worked examples as few-shot
 patterns that a small base model (Gemma 3 270M) can continue.
 """
@@ -13,7 +15,7 @@ INSTRUCTION_PHRASES: tuple[str, ...] = (
     "Read the whole message before deciding.",
     "Focus on what the writer is asking for, not on side details.",
     "If several labels seem possible, choose the one that matches the main request.",
-    "Ignore greetings, signatures and personal details.",
+    "Ignore names, numbers and other personal details.",
     "Decide from the main problem the writer describes.",
     "Think about why the person is writing.",
     "Pay attention to the key words that describe the problem.",
@@ -21,7 +23,7 @@ INSTRUCTION_PHRASES: tuple[str, ...] = (
     "Look at the first and last sentences, where the request is usually stated.",
     "Choose the most specific label that fits.",
     "Be careful with messages that mention more than one topic.",
-    "Use the label that a support agent would route the message to.",
+    "Use the label that the support desk would give the message.",
 )
 
 # Output-format instructions (rule edit "format_change"). One of them at most is kept.
