@@ -6,7 +6,7 @@
 Each benchmark writes its own ``benchmarks/results/<name>.json`` (and the
 privacy-utility plots in ``docs/img``). Data come from ``$DP_TEXTGRAD_DATA`` or
 ``../shared/data``. The privacy-utility grid resumes from
-``runs/benchmarks/privacy_utility/runs.jsonl``: delete that file for a fresh grid.
+``runs/benchmarks/privacy_utility_powered/runs.jsonl``: delete that file for a fresh grid.
 """
 
 from __future__ import annotations

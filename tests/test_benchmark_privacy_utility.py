@@ -43,12 +43,77 @@ def test_summary_retained_gain_and_ci() -> None:
 
 def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
     bench = load_benchmark()
-    jobs = bench.plan_jobs("full", 3)
+    jobs = bench.plan_jobs("full", 5)
     first = [j for j in jobs if j.regime == "sst2_n2000"]
-    assert {j.method for j in first} == {"seed", "nonprivate", "tgd", *bench.dp_methods(),
+    assert {j.method for j in first} == {"seed", "kshot", "nonprivate", "tgd", *bench.dp_methods(),
                                          "dp_gaussian_eps1_noshrink", "dp_gaussian_eps4_noshrink"}
+    assert {j.regime for j in jobs} == {"sst2_n2000", "banking10", "support", "sst2_n20000"}
     assert len({j.key for j in jobs}) == len(jobs)
     assert jobs.index(first[-1]) < min(jobs.index(j) for j in jobs if j.regime != "sst2_n2000")
+
+
+def outcome_rows(method: str, accuracies: list[float], n: int, rng) -> list[dict]:
+    rows = []
+    for seed, accuracy in enumerate(accuracies):
+        correct = rng.random(n) < accuracy
+        rows.append({**row(method, seed, float(correct.mean())), "test_correct": "".join("01"[int(c)] for c in correct)})
+    return rows
+
+
+def test_paired_intervals_cover_the_truth_and_shrink_with_pairing() -> None:
+    """Paired differences: two methods that agree on most records get a narrow interval."""
+    import numpy as np
+
+    bench = load_benchmark()
+    rng = np.random.default_rng(1)
+    n = 800
+    seed_right = rng.random(n) < 0.6
+    # The method fixes 20% of the seed's mistakes and breaks nothing: true difference ~ +0.08.
+    better = seed_right | (rng.random(n) < 0.2)
+    rows = [{**row("seed", 0, seed_right.mean()), "test_correct": "".join("01"[int(c)] for c in seed_right)},
+            {**row("dp_gaussian_eps4", 0, better.mean()), "test_correct": "".join("01"[int(c)] for c in better)},
+            {**row("nonprivate", 0, better.mean()), "test_correct": "".join("01"[int(c)] for c in better)}]
+    paired = bench.summarise(rows)["r"]["paired"]
+    diff = paired["dp_gaussian_eps4"]["vs_seed"]
+    low, high = paired["dp_gaussian_eps4"]["vs_seed_ci"]
+    assert diff == pytest.approx(better.mean() - seed_right.mean())
+    assert 0 < low < diff < high
+    acc_low, acc_high = paired["dp_gaussian_eps4"]["accuracy_ci"]
+    assert high - low < 0.6 * (acc_high - acc_low)  # pairing removes the records' shared difficulty
+    assert paired["dp_gaussian_eps4"]["vs_nonprivate_ci"] == (0.0, 0.0)
+    assert paired["dp_gaussian_eps4"]["retained_gain"] == pytest.approx(1.0)
+
+
+def test_paired_intervals_count_seed_to_seed_spread() -> None:
+    import numpy as np
+
+    bench = load_benchmark()
+    rng = np.random.default_rng(2)
+    rows = [*outcome_rows("seed", [0.6], 500, rng), *outcome_rows("nonprivate", [0.8] * 5, 500, rng)]
+    steady = bench.summarise([*rows, *outcome_rows("dp_gaussian_eps4", [0.7] * 5, 500, rng)])["r"]["paired"]
+    spread = bench.summarise([*rows, *outcome_rows("dp_gaussian_eps4", [0.5, 0.9, 0.55, 0.85, 0.7], 500, rng)]
+                             )["r"]["paired"]
+
+    def width(p):
+        low, high = p["dp_gaussian_eps4"]["retained_gain_ci"]
+        return high - low
+
+    assert width(spread) > 2 * width(steady)
+    low, high = steady["dp_gaussian_eps4"]["retained_gain_ci"]
+    assert low < 0.5 < high
+
+
+def test_kshot_prompt_is_balanced_public_and_seeded() -> None:
+    from dp_textgrad.tasks.synthetic import make_support_task
+
+    bench = load_benchmark()
+    task = make_support_task(seed=0, n_private=20, n_test=5)
+    prompt, per_label = bench.kshot_prompt(task, 2, seed=3)
+    assert prompt.startswith(task.seed_prompt.strip()) and per_label == 2
+    demos = [ex for ex in task.public_examples if task.render_demo(ex) in prompt]
+    assert sorted(ex.label for ex in demos) == sorted(task.labels * 2)
+    assert bench.kshot_prompt(task, 2, seed=3)[0] == prompt != bench.kshot_prompt(task, 2, seed=4)[0]
+    assert len(bench.kshot_prompt(task, 3, seed=0, max_chars=300)[0]) <= 300
 
 
 @pytest.mark.slow
@@ -67,9 +132,11 @@ def test_privacy_utility_smoke(tmp_path: Path) -> None:
     result = json.loads(output.read_text())
     assert set(result) >= {"regimes", "runs", "machine", "date", "command", "code_version", "schedule"}
     methods = result["regimes"]["smoke"]["methods"]
-    assert set(methods) == {"seed", "nonprivate", "tgd", "dp_gaussian_eps4", "dp_exponential_eps4"}
+    assert set(methods) == {"seed", "kshot", "nonprivate", "tgd", "dp_gaussian_eps4", "dp_exponential_eps4"}
+    assert result["regimes"]["smoke"]["paired"]["dp_gaussian_eps4"]["vs_seed_ci"] is not None
     for run in result["runs"]:
         assert 0.0 <= run["test_accuracy"] <= 1.0
+        assert len(run["test_correct"]) == run["n_test"] == 8
         assert "released_prompt" not in run  # only a fingerprint leaves the work directory
         if run["method"].startswith("dp_"):
             assert run["epsilon_spent"] <= 4.0 + 1e-9
@@ -85,4 +152,4 @@ def test_privacy_utility_smoke(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "5 runs already" in again.stdout and "0 to do" in again.stdout
+    assert "6 runs already" in again.stdout and "0 to do" in again.stdout

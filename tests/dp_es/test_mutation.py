@@ -430,6 +430,27 @@ def test_variants_are_distinct_and_built_without_crossover():
     assert not any("crossover" in v.operator for v in variants)
 
 
+def test_initial_variants_start_from_balanced_demonstration_sets():
+    """Structured start: the seed's variants hold every label's demos, equally many; off, they need not."""
+    seed = seed_candidate()
+    mutator = make_mutator(None, seed=4)
+    variants = mutator.variants(seed, 3)
+    assert len(variants) == 3 and len({v.key for v in variants}) == 3
+    set_variants = [v for v in variants if v.operator == "demo_set"]
+    assert len(set_variants) >= 2  # the 4-example pool holds only a few distinct balanced sets
+    for variant in set_variants:
+        layout = mutator.layout(variant)
+        assert layout.instruction == SEED_TEXT
+        labels = [line.split("Topic: ")[1] for demo in layout.demos for line in demo.splitlines() if "Topic: " in line]
+        per_label = variant.operator_meta["per_label"]
+        available = {label: sum(ex.label == label for ex in PUBLIC) for label in LABELS}
+        assert {label: labels.count(label) for label in LABELS} == {
+            label: min(per_label, available[label]) for label in LABELS}
+    plain = make_mutator(None, seed=4, structured_start=False).variants(seed, 3)
+    assert not all(v.operator == "demo_set" for v in plain)
+    assert len({v.key for v in plain}) == 3
+
+
 @pytest.mark.slow
 def test_base_model_follows_the_rewrite_and_crossover_patterns(llama_engine):
     """Gemma 3 270M (base) can continue the few-shot patterns; whatever it writes, nothing crashes."""
