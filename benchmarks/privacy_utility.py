@@ -408,6 +408,18 @@ def run_job(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) ->
 # work file (resumable) and summary
 
 
+def restore_runs(results: Path, work_file: Path) -> int:
+    """Append the runs of a results file that the work file lacks; returns how many."""
+    from dp_textgrad._io import append_jsonl
+
+    key = lambda r: f"{r['regime']}/{r['method']}/{r['seed']}"  # noqa: E731
+    done = {key(r) for r in read_runs(work_file)}
+    rows = [r for r in json.loads(results.read_text(encoding="utf-8"))["runs"] if key(r) not in done]
+    for r in rows:
+        append_jsonl(work_file, r)
+    return len(rows)
+
+
 def read_runs(path: Path) -> list[dict[str, Any]]:
     from dp_textgrad._io import read_jsonl
 
@@ -562,8 +574,9 @@ def write_summary(rows: list[dict[str, Any]], output: Path, schedule: Schedule, 
     for r in rows:
         row = {k: v for k, v in r.items() if k != "released_prompt"}
         # Prompts of non-private methods may quote benchmark records: keep only a fingerprint.
-        row["released_prompt_sha256"] = hashlib.sha256(r["released_prompt"].encode("utf-8")).hexdigest()[:16]
-        row["released_prompt_chars"] = len(r["released_prompt"])
+        if "released_prompt" in r:  # rows restored from a results file carry only the fingerprint
+            row["released_prompt_sha256"] = hashlib.sha256(r["released_prompt"].encode("utf-8")).hexdigest()[:16]
+            row["released_prompt_chars"] = len(r["released_prompt"])
         public_rows.append(row)
     result = {
         "benchmark": "privacy_utility",
@@ -662,6 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default="0/1", help="i/n: run every n-th job starting at i (parallel workers)")
     parser.add_argument("--max-minutes", type=float, default=None, help="start no new job after this long")
     parser.add_argument("--summarise-only", action="store_true")
+    parser.add_argument("--restore-from", type=Path, default=None,
+                        help="first copy the runs of a results file (e.g. the committed one) into the work file, "
+                             "so a fresh checkout extends a grid instead of rerunning it")
     parser.add_argument("--tables-from", type=Path, default=None, help="print the markdown tables of a results file")
     args = parser.parse_args(argv)
     if args.tables_from is not None:
@@ -672,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                    n_test=8, tgd_minibatch=1, tgd_max_tokens=24)
     command = " ".join(["python benchmarks/privacy_utility.py", *(sys.argv[1:] if argv is None else argv)])
     work_file = args.work_dir / "runs.jsonl"
+    if args.restore_from is not None:
+        restored = restore_runs(args.restore_from, work_file)
+        print(f"{restored} runs restored from {args.restore_from}", flush=True)
     img_dir = None if args.no_plots else args.img_dir
     if not args.summarise_only:
         from dp_textgrad._io import append_jsonl

@@ -152,4 +152,17 @@ def test_privacy_utility_smoke(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
     )
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "6 runs already" in again.stdout and "0 to do" in again.stdout
+    assert "6 runs already" in again.stdout
+    # A fresh checkout extends the grid from the committed results instead of rerunning it.
+    restored = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "privacy_utility.py"), "--plan", "smoke",
+         "--work-dir", str(tmp_path / "fresh"), "--output", str(tmp_path / "again.json"), "--no-plots",
+         "--restore-from", str(output)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
+    )
+    assert restored.returncode == 0, restored.stderr[-3000:]
+    assert "6 runs restored" in restored.stdout and "0 to do" in restored.stdout
+    again_result = json.loads((tmp_path / "again.json").read_text())
+    assert again_result["regimes"]["smoke"]["paired"] == result["regimes"]["smoke"]["paired"]
+    assert {r["released_prompt_sha256"] for r in again_result["runs"]} == {
+        r["released_prompt_sha256"] for r in result["runs"]} and "0 to do" in again.stdout
