@@ -10,7 +10,7 @@ randomness comes from the seeded ``rng`` given to the mutator.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -156,7 +156,7 @@ class Mutator:
         With ``structured_start`` (the default) they are balanced demonstration sets from
         the public pool, drawn afresh for each variant: for a small base model a few labelled
         demonstrations per label carry more than any instruction edit (random 2-per-label
-        sets scored +0.17 over the bare seed on SST-2 dev, docs/benchmarks.md), so the
+        sets scored +0.11 over the bare seed on SST-2 dev, 5 draws, docs/benchmarks.md), so the
         private scoring starts by choosing among structures. Other edits fill what is left.
         """
         out: list[Candidate] = []
@@ -175,7 +175,7 @@ class Mutator:
         return out + self.children([seed], n - len(out), generation, exclude=seen)
 
     def children(self, parents: Sequence[Candidate], n: int, generation: int,
-                 feedback: Feedback = (), exclude: set[str] = frozenset()) -> list[Candidate]:
+                 feedback: Feedback = (), exclude: Collection[str] = ()) -> list[Candidate]:
         """Up to ``n`` distinct children (different from their parents, ``exclude`` and each other).
 
         ``feedback``: public/DP sentences for all parents, or a mapping parent id ->
