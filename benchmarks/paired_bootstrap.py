@@ -32,12 +32,15 @@ def _percentile_interval(values: np.ndarray, level: float) -> tuple[float, float
 
 
 def paired_bootstrap(outcomes: Mapping[str, np.ndarray], *, reference: str = "seed", ceiling: str = "nonprivate",
-                     replicates: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, dict[str, object]]:
+                     baselines: Mapping[str, str] | None = None, replicates: int = 2000, level: float = 0.95,
+                     seed: int = 0) -> dict[str, dict[str, object]]:
     """Intervals of each method's accuracy, its difference to ``reference`` and ``ceiling``, and its retained gain.
 
     ``outcomes[method]`` is a (runs x test records) 0/1 matrix, all on the same records.
     Retained gain is (acc_method - acc_reference) / (acc_ceiling - acc_reference), computed
     within each replicate; its interval is None when the ceiling's gain is too often <= 0.
+    ``baselines`` maps a method to the one it is an ablation of: its row gains
+    ``vs_baseline`` (method - baseline) and that difference's interval.
     """
     matrices = {m: np.atleast_2d(np.asarray(v, dtype=float)) for m, v in outcomes.items()}
     sizes = {v.shape[1] for v in matrices.values()}
@@ -59,6 +62,11 @@ def paired_bootstrap(outcomes: Mapping[str, np.ndarray], *, reference: str = "se
             if other in draws and other != method:
                 row[name] = float(matrices[method].mean() - matrices[other].mean())
                 row[name + "_ci"] = _percentile_interval(acc - draws[other], level)
+        baseline = (baselines or {}).get(method)
+        if baseline in draws:
+            row["baseline"] = baseline
+            row["vs_baseline"] = float(matrices[method].mean() - matrices[baseline].mean())
+            row["vs_baseline_ci"] = _percentile_interval(acc - draws[baseline], level)
         if reference in draws and ceiling in draws and method not in (reference, ceiling):
             gain = matrices[ceiling].mean() - matrices[reference].mean()
             row["retained_gain"] = None if gain <= 0 else float((matrices[method].mean() - matrices[reference].mean()) / gain)

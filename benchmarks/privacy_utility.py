@@ -1,6 +1,6 @@
 """Privacy-utility benchmark: DP-ES against non-private optimizers on the local engine.
 
-Every method gets the same engine (local Gemma 270M, llama.cpp, one thread), the same
+Every method gets the same engine (local Gemma 270M, llama.cpp, ``--threads``), the same
 seed prompt and the same schedule of LLM work: ``generations`` rounds of
 ``population`` candidates, each scored on about ``records`` private records
 (Poisson rate q = records / N). Methods:
@@ -17,7 +17,9 @@ seed prompt and the same schedule of LLM work: ``generations`` rounds of
 * ``dp_gaussian_eps{E}``: DP-ES, Gaussian noisy scores (+ DP confusion-matrix feedback);
 * ``dp_exponential_eps{E}``: DP-ES, exponential-mechanism (one-shot Gumbel) top-k;
 * ``dp_gaussian_eps{E}_noshrink``: Gaussian DP-ES ranking by the raw noisy estimates
-  (``shrinkage=False``) instead of the empirical-Bayes shrunk ones.
+  (``shrinkage=False``) instead of the empirical-Bayes shrunk ones;
+* ``{method}_flatstart``: the ablation of the structured start: generation 0 made of
+  rule edits only (``Mutator.structured_start = False``), the same run otherwise.
 
 DP runs use delta = min(1e-5, 1/(10 N)); their noise is calibrated to spend at most
 (E, delta) on the whole run under the tightest valid accountant.
@@ -151,10 +153,18 @@ def plan_jobs(plan: str, seeds: int) -> list[Job]:
     for seed in range(seeds):
         jobs += [Job("sst2_n2000", f"dp_gaussian_eps{e:g}_noshrink", seed) for e in (1.0, 4.0)]
     reduced = ["kshot", "nonprivate", "dp_gaussian_eps4", "dp_gaussian_eps1", "dp_exponential_eps4"]
+    rest = ["dp_gaussian_eps2", "dp_gaussian_eps8", "tgd"]
     for regime in ("support", "banking10", "sst2_n20000"):
         jobs.append(Job(regime, "seed", 0))
         for seed in range(seeds):
             jobs += [Job(regime, m, seed) for m in reduced]
+    for regime in ("support", "banking10", "sst2_n20000"):
+        for seed in range(seeds):
+            jobs += [Job(regime, m, seed) for m in rest]
+    # Ablation of the structured start (generation 0 from balanced demo sets) on the same seeds.
+    for regime in ("support", "sst2_n2000"):
+        for seed in range(seeds):
+            jobs += [Job(regime, f"{m}_flatstart", seed) for m in ("nonprivate", "dp_gaussian_eps4")]
     return jobs
 
 
@@ -222,6 +232,8 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
     if method.endswith("_noshrink"):
         settings.update(shrinkage=False)
         method = method.removesuffix("_noshrink")
+    flat_start = method.endswith("_flatstart")
+    method = method.removesuffix("_flatstart")
     if method == "nonprivate":
         settings.update(privacy="off")
     elif method.startswith("dp_gaussian_eps"):
@@ -237,6 +249,8 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
     before = _usage(engine)
     started = time.perf_counter()
     opt = DPEvolutionStrategy([prompt], task=task, engine=engine, **settings)  # calibrates (memoised per schedule)
+    if flat_start:  # generation 0 from rule edits only, as before the structured start
+        opt.mutation.structured_start = False
     setup_seconds = time.perf_counter() - started
     per_generation: list[dict[str, Any]] = []
     while opt.stopped_because is None:
@@ -504,7 +518,8 @@ def paired_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     outcomes: dict[str, list[np.ndarray]] = {}
     for r in sorted(rows, key=lambda r: (r["method"], r["seed"])):
         outcomes.setdefault(r["method"], []).append(decode_outcomes(r["test_correct"]))
-    return paired_bootstrap({m: np.vstack(v) for m, v in outcomes.items()})
+    ablations = {m: m.removesuffix("_flatstart") for m in outcomes if m.endswith("_flatstart")}
+    return paired_bootstrap({m: np.vstack(v) for m, v in outcomes.items()}, baselines=ablations)
 
 
 def plot(summary: dict[str, Any], rows: list[dict[str, Any]], img_dir: Path) -> list[str]:
@@ -521,7 +536,7 @@ def plot(summary: dict[str, Any], rows: list[dict[str, Any]], img_dir: Path) -> 
         methods = summary[regime]["methods"]
         for kind, marker in (("gaussian", "o"), ("exponential", "s")):
             points = sorted((float(m.split("eps")[1]), v) for m, v in methods.items()
-                            if m.startswith(f"dp_{kind}_") and not m.endswith("_noshrink"))
+                            if m.startswith(f"dp_{kind}_") and not m.endswith(ABLATIONS))
             if not points:
                 continue
             xs = [p[0] for p in points]
@@ -607,13 +622,18 @@ def write_summary(rows: list[dict[str, Any]], output: Path, schedule: Schedule, 
     return result
 
 
+ABLATIONS = ("_noshrink", "_flatstart")
+
+
 def method_order(name: str) -> tuple:
+    """Table order: baselines, then DP by kind and epsilon; an ablation right after what it ablates."""
+    ablation = next((i + 1 for i, suffix in enumerate(ABLATIONS) if name.endswith(suffix)), 0)
+    base = name.removesuffix(ABLATIONS[ablation - 1]) if ablation else name
     fixed = {"seed": 0, "kshot": 1, "nonprivate": 2, "tgd": 3}
-    if name in fixed:
-        return (fixed[name], 0.0, False)
-    kind, eps = name.removeprefix("dp_").split("_eps")
-    noshrink = eps.endswith("_noshrink")
-    return (4 if kind == "gaussian" else 5, float(eps.removesuffix("_noshrink")), noshrink)
+    if base in fixed:
+        return (fixed[base], 0.0, ablation)
+    kind, eps = base.removeprefix("dp_").split("_eps")
+    return (4 if kind == "gaussian" else 5, float(eps), ablation)
 
 
 def _fmt(value: float | None, ci: Any, digits: int = 3, signed: bool = False) -> str:
@@ -643,6 +663,10 @@ def markdown_tables(result: dict[str, Any]) -> str:
                 f"{_fmt(p.get('vs_nonprivate'), p.get('vs_nonprivate_ci'), signed=True)} | "
                 f"{_fmt(gain, p.get('retained_gain_ci'), digits=2)} | "
                 f"{m['tokens_mean']:.0f} | {m['wall_seconds_mean']:.0f} |")
+        for name, p in paired.items():
+            if "vs_baseline" in p:
+                lines.append(f"\nAblation: {name} - {p['baseline']}: "
+                             f"{_fmt(p['vs_baseline'], p.get('vs_baseline_ci'), signed=True)}")
         for target in values["targets"]:
             ci = target.get("retained_gain_ci")
             lines.append(f"\nTarget: {target['method']} retained gain >= {target['target']}"

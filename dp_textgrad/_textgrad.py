@@ -3,7 +3,9 @@
 textgrad 0.1.8 creates ``./logs/<timestamp>.jsonl`` at import time and logs every
 prompt into it (prompts here contain private records), and litellm, which it
 imports, fetches a model cost map from the network. We point both at harmless
-places, detach textgrad's file handler and delete the directory it made.
+places, detach textgrad's file handler and delete the directory it made. Its logger
+also stops propagating: its records carry prompts in ``extra`` fields, which an
+application's own root handler (a JSON formatter, say) would print.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def import_textgrad() -> ModuleType:
 
 def _detach_file_handlers() -> None:
     logger = logging.getLogger("textgrad")
+    logger.propagate = False
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())  # and no last-resort printing to stderr
     for handler in list(logger.handlers):
         if isinstance(handler, logging.FileHandler):
             logger.removeHandler(handler)

@@ -44,12 +44,42 @@ def test_summary_retained_gain_and_ci() -> None:
 def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
     bench = load_benchmark()
     jobs = bench.plan_jobs("full", 5)
-    first = [j for j in jobs if j.regime == "sst2_n2000"]
+    first = [j for j in jobs if j.regime == "sst2_n2000" and not j.method.endswith("_flatstart")]
     assert {j.method for j in first} == {"seed", "kshot", "nonprivate", "tgd", *bench.dp_methods(),
                                          "dp_gaussian_eps1_noshrink", "dp_gaussian_eps4_noshrink"}
     assert {j.regime for j in jobs} == {"sst2_n2000", "banking10", "support", "sst2_n20000"}
     assert len({j.key for j in jobs}) == len(jobs)
     assert jobs.index(first[-1]) < min(jobs.index(j) for j in jobs if j.regime != "sst2_n2000")
+    for regime in ("support", "banking10", "sst2_n20000"):  # every epsilon and TGD, cheap methods first
+        methods = [j.method for j in jobs if j.regime == regime]
+        assert set(methods) >= {"seed", "kshot", "nonprivate", "tgd", *(f"dp_gaussian_eps{e:g}" for e in bench.EPSILONS)}
+        assert methods.index("dp_gaussian_eps4") < methods.index("dp_gaussian_eps8")
+    ablation = [j for j in jobs if j.method.endswith("_flatstart")]
+    assert {(j.regime, j.method) for j in ablation} == {
+        (r, m) for r in ("support", "sst2_n2000") for m in ("nonprivate_flatstart", "dp_gaussian_eps4_flatstart")}
+
+
+def test_flatstart_runs_turn_the_structured_start_off(monkeypatch) -> None:
+    from helpers import support_engine
+
+    from dp_textgrad.dp_es.mutation.mutator import Mutator
+    from dp_textgrad.tasks.synthetic import make_support_task
+
+    bench = load_benchmark()
+    seen: list[bool] = []
+    original = Mutator.variants
+
+    def recording(self, *args, **kwargs):
+        seen.append(self.structured_start)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Mutator, "variants", recording)
+    task = make_support_task(seed=0, n_private=60, n_test=10)
+    schedule = bench.Schedule(generations=1, population=3, parents=1, records=20)
+    for method in ("nonprivate", "nonprivate_flatstart"):
+        record = bench.run_dp_es(bench.Job("support", method, 0), task, support_engine(), schedule, bench.AccuracyCache())
+        assert record.method == method and len(record.test_correct) == 10
+    assert seen == [True, False]
 
 
 def outcome_rows(method: str, accuracies: list[float], n: int, rng) -> list[dict]:
@@ -82,6 +112,22 @@ def test_paired_intervals_cover_the_truth_and_shrink_with_pairing() -> None:
     assert high - low < 0.6 * (acc_high - acc_low)  # pairing removes the records' shared difficulty
     assert paired["dp_gaussian_eps4"]["vs_nonprivate_ci"] == (0.0, 0.0)
     assert paired["dp_gaussian_eps4"]["retained_gain"] == pytest.approx(1.0)
+
+
+def test_ablation_rows_compare_with_the_method_they_ablate() -> None:
+    import numpy as np
+
+    bench = load_benchmark()
+    rng = np.random.default_rng(2)
+    n = 600
+    rows = [*outcome_rows("seed", [0.5], n, rng), *outcome_rows("nonprivate", [0.7] * 3, n, rng),
+            *outcome_rows("nonprivate_flatstart", [0.6] * 3, n, rng)]
+    result = {"regimes": bench.summarise(rows), "runs": [{**r, "n_test": n} for r in rows]}
+    ablation = result["regimes"]["r"]["paired"]["nonprivate_flatstart"]
+    low, high = ablation["vs_baseline_ci"]
+    assert ablation["baseline"] == "nonprivate" and low < ablation["vs_baseline"] < high < 0
+    assert "vs_baseline" not in result["regimes"]["r"]["paired"]["nonprivate"]
+    assert "Ablation: nonprivate_flatstart - nonprivate: -0.1" in bench.markdown_tables(result)
 
 
 def test_paired_intervals_count_seed_to_seed_spread() -> None:

@@ -54,3 +54,27 @@ def test_import_writes_nothing_and_stays_offline(tmp_path: Path) -> None:
     for d in (home, work, tmpdir):
         assert _snapshot(d) == before[d], f"files appeared under {d.name}: {_snapshot(d) - before[d]}"
     assert not (work / "logs").exists()
+
+
+def test_textgrad_records_never_reach_the_applications_handlers() -> None:
+    """textgrad logs prompts (private records under TGD) in ``extra``: a root handler must not see them."""
+    import logging
+
+    from dp_textgrad._textgrad import import_textgrad
+
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    root = logging.getLogger()
+    collector = Collect(level=logging.DEBUG)
+    root.addHandler(collector)
+    try:
+        import_textgrad()
+        logging.getLogger("textgrad").error("probe", extra={"text": "a private record"})
+        logging.getLogger("other").error("control")
+    finally:
+        root.removeHandler(collector)
+    assert [r.getMessage() for r in seen] == ["control"]
