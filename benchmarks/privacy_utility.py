@@ -426,12 +426,16 @@ def restore_runs(results: Path, work_file: Path) -> int:
     """Append the runs of a results file that the work file lacks; returns how many."""
     from dp_textgrad._io import append_jsonl
 
-    key = lambda r: f"{r['regime']}/{r['method']}/{r['seed']}"  # noqa: E731
-    done = {key(r) for r in read_runs(work_file)}
-    rows = [r for r in json.loads(results.read_text(encoding="utf-8"))["runs"] if key(r) not in done]
+    done = {run_key(r) for r in read_runs(work_file)}
+    rows = [r for r in json.loads(results.read_text(encoding="utf-8"))["runs"] if run_key(r) not in done]
     for r in rows:
         append_jsonl(work_file, r)
     return len(rows)
+
+
+def run_key(row: dict[str, Any]) -> str:
+    """A stored run's ``Job.key``: what marks it done."""
+    return Job(row["regime"], row["method"], row["seed"]).key
 
 
 def read_runs(path: Path) -> list[dict[str, Any]]:
@@ -721,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
         index, count = (int(v) for v in args.shard.split("/"))
-        done = {f"{r['regime']}/{r['method']}/{r['seed']}" for r in read_runs(work_file)}
+        done = {run_key(r) for r in read_runs(work_file)}
         wanted = plan_jobs(args.plan, args.seeds)
         if args.regimes:
             wanted = [j for j in wanted if j.regime in args.regimes.split(",")]
