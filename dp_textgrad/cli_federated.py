@@ -15,6 +15,9 @@ def federated(
     jse: Optional[str] = typer.Option(None, help="James-Stein shrinkage: none | coordinator | silo"),
     control_variate: Optional[bool] = typer.Option(None, "--control-variate/--no-control-variate",
                                                    help="remove each silo's drift (distributed/local only)"),
+    secure_aggregation: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation",
+                                                      help="distributed only: the coordinator sees only the sum "
+                                                           "of the silos' values (Flower SecAgg+)"),
     split_silos: Optional[int] = typer.Option(None, "--split-silos", help="simulated silos dealt from the task "
                                                                           "(when silos.yaml lists none)"),
     alpha: Optional[float] = typer.Option(None, help="Dirichlet label skew of the simulated split"),
@@ -39,7 +42,7 @@ def federated(
                                  "'dp-textgrad[federated]' (or pass --transport in_process)") from None
         settings = load_federated_settings(silos, {
             "federation": {"placement": placement, "jse": jse, "control_variate": control_variate,
-                           "transport": transport},
+                           "secure_aggregation": secure_aggregation, "transport": transport},
             "dp": {"epsilon": epsilon, "generations": generations, "population": population},
             "output": {"runs_root": runs_root},
         })
@@ -51,6 +54,7 @@ def federated(
         where = f"{len(fed.silos)} silos" if fed.silos else f"{fed.split.silos} simulated silos (alpha {fed.split.alpha:g})"
         cli.console.print(f"[bold]Federated DP-ES[/]: {where}, noise placement [bold]{fed.placement}[/], "
                           f"JSE {fed.jse}, control variate {'on' if fed.control_variate else 'off'}, "
+                          f"secure aggregation {'on' if fed.secure_aggregation else 'off'}, "
                           f"epsilon {settings.dp.epsilon:g}, transport {fed.transport}", soft_wrap=True)
 
         def progress(report) -> None:  # released fields only (the metrics channel)

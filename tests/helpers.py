@@ -224,3 +224,37 @@ def broken_support_engine():
 
     engine.score_choices_batch = fail
     return engine
+
+
+def federated_silos(task, placement: str, count: int = 3, **options):
+    """``count`` in-process silos dealt from ``task``'s records (Dirichlet 0.5), seeded noise."""
+    import dataclasses
+
+    from dp_textgrad.federated import Silo
+    from dp_textgrad.federated.split import dirichlet_label_split
+
+    records = [r.unwrap() for r in task.private_train]
+    parts = dirichlet_label_split([r.label for r in records], count, 0.5, np.random.default_rng(0))
+    return [Silo.build(f"s{i}", dataclasses.replace(task, private_train=PrivateDataset([records[j] for j in part])),
+                       support_engine(), placement, count, max_record_tokens=256, insecure_seed=100 + i, **options)
+            for i, part in enumerate(parts)]
+
+
+def federated_run(task, silos, placement: str, **backend_options):
+    """A 2-generation DP-ES run whose coordinator scores through ``silos`` in process:
+    (optimizer, result, transport); the transport keeps every reply the coordinator received."""
+    import dataclasses
+
+    from dp_textgrad import DPEvolutionStrategy
+    from dp_textgrad._textgrad import import_textgrad
+    from dp_textgrad.federated import FederatedScoring, InProcessSilos, RemoteRecords
+
+    tg = import_textgrad()
+    transport = InProcessSilos(silos, keep_replies=True)
+    backend = FederatedScoring(transport, [s.size for s in silos], placement, **backend_options)
+    coordinator_task = dataclasses.replace(task, private_train=RemoteRecords(sum(s.size for s in silos)))
+    prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
+    optimizer = DPEvolutionStrategy([prompt], task=coordinator_task, engine=support_engine(),
+                                    scoring=lambda *_: backend, epsilon=3.0, generations=2, population=4,
+                                    sampling_rate=0.3, insecure_noise_seed=7, seed=1)
+    return optimizer, optimizer.run(), transport

@@ -10,6 +10,8 @@ single-machine run at the same noise multiplier:
   of the noise, and the coordinator only ever holds noised values. It may then
   post-process them: remove each silo's drift (control variate) and shrink each silo
   toward the pooled estimate (coordinator James-Stein), before summing.
+- ``distributed`` with ``secure_aggregation``: the transport returns only the sum of the
+  silos' noised values (Flower's SecAgg+, :mod:`dp_textgrad.federated.secure_sum`).
 
 A transport carries the requests: :class:`InProcessSilos` (tests, benchmarks) or the
 Flower grid (:mod:`dp_textgrad.federated.flower_app`).
@@ -25,6 +27,7 @@ import numpy as np
 
 from dp_textgrad.dp_es.scoring import NoisedRelease, SubsampleTotals
 from dp_textgrad.federated.placement import NoisePlacement, check_placement, silo_mechanism
+from dp_textgrad.federated.secure_sum import check_secure_aggregation, value_bound
 from dp_textgrad.federated.shrinkage import remove_drift, shrink_toward_pooled
 from dp_textgrad.federated.silo import Silo, SiloState
 
@@ -36,6 +39,11 @@ class SiloTransport(Protocol):
     """Sends one request to each silo (in silo order) and returns their replies in that order."""
 
     def ask(self, requests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+    def ask_sum(self, request: dict[str, Any], key: str, bound: float) -> np.ndarray:
+        """The same request to every silo; only the sum of ``reply[key]`` (entries clipped to
+        ``[-bound, bound]``) comes back."""
+        ...
 
 
 class InProcessSilos:
@@ -53,6 +61,14 @@ class InProcessSilos:
             self.seen.append(replies)
         return replies
 
+    def ask_sum(self, request: dict[str, Any], key: str, bound: float) -> np.ndarray:
+        # The arithmetic of a secure sum without its cryptography: the same clipping, one total.
+        replies = [silo.handle(dict(request), state) for silo, state in zip(self.silos, self.states)]
+        total = sum(np.clip(np.asarray(r[key], dtype=float), -bound, bound) for r in replies)
+        if self.seen is not None:
+            self.seen.append([{key: total}])
+        return np.asarray(total)
+
 
 def check_shrinkage(shrinkage: str, placement: NoisePlacement, control_variate: bool) -> Shrinkage:
     if shrinkage not in SHRINKAGE:
@@ -68,12 +84,15 @@ class FederatedScoring:
     """A scoring backend over S silos with public sizes ``silo_sizes``."""
 
     def __init__(self, transport: SiloTransport, silo_sizes: Sequence[int], placement: NoisePlacement,
-                 shrinkage: Shrinkage = "none", control_variate: bool = False) -> None:
+                 shrinkage: Shrinkage = "none", control_variate: bool = False,
+                 secure_aggregation: bool = False) -> None:
         self.transport = transport
         self.silo_sizes = [int(n) for n in silo_sizes]
         self.placement = check_placement(placement, len(self.silo_sizes))
         self.shrinkage = check_shrinkage(shrinkage, self.placement, control_variate)
         self.control_variate = bool(control_variate)
+        check_secure_aggregation(secure_aggregation, self.placement, self.silos, self.shrinkage, self.control_variate)
+        self.secure_aggregation = bool(secure_aggregation)
         self.num_candidates = 0
 
     @property
@@ -107,9 +126,12 @@ class FederatedScoring:
                    "clip_bound": float(mechanism.clip_bound), "noise_multiplier": float(mechanism.noise_multiplier),
                    "feedback_noise_multiplier": mechanism.feedback_noise_multiplier,
                    "keep_confusion": bool(keep_confusion)}
+        silo_std = silo_mechanism(mechanism, self.placement, self.silos).noise_std
+        if self.secure_aggregation:
+            bound = value_bound(self.silo_sizes, mechanism.clip_bound, silo_std)
+            return NoisedRelease(self.transport.ask_sum(request, "sums", bound), silo_std * math.sqrt(self.silos))
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
         sums = np.stack([np.asarray(r["sums"], dtype=float) for r in replies])
-        silo_std = silo_mechanism(mechanism, self.placement, self.silos).noise_std
         sums = self._post_process(sums, silo_std, float(sampling_rate))
         return NoisedRelease(sums.sum(axis=0), silo_std * math.sqrt(self.silos))
 
@@ -118,9 +140,12 @@ class FederatedScoring:
                    "num_candidates": self.num_candidates, "clip_bound": float(mechanism.clip_bound),
                    "noise_multiplier": float(mechanism.noise_multiplier),
                    "feedback_noise_multiplier": mechanism.feedback_noise_multiplier}
+        silo_std = silo_mechanism(mechanism, self.placement, self.silos).confusion_noise_std(len(indices))
+        if self.secure_aggregation:
+            bound = value_bound(self.silo_sizes, mechanism.clip_bound, silo_std)
+            return NoisedRelease(self.transport.ask_sum(request, "confusion", bound), silo_std * math.sqrt(self.silos))
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
         total = sum(np.asarray(r["confusion"], dtype=float) for r in replies)
-        silo_std = silo_mechanism(mechanism, self.placement, self.silos).confusion_noise_std(len(indices))
         return NoisedRelease(np.asarray(total), silo_std * math.sqrt(self.silos))
 
     def _post_process(self, sums: np.ndarray, silo_std: float, sampling_rate: float) -> np.ndarray:

@@ -5,7 +5,9 @@ Flower ``Message`` objects (numbers and strings in a ``ConfigRecord``, arrays in
 ``ArrayRecord``). A silo's state between two requests (its own account and the confusion
 counts it holds for the feedback request) lives in the node's ``context.state``, which
 Flower keeps on the silo's SuperNode. The ServerApp's ``main`` runs the whole DP-ES loop
-with :class:`~dp_textgrad.federated.coordinator.FederatedScoring` over the grid.
+with :class:`~dp_textgrad.federated.coordinator.FederatedScoring` over the grid. With
+secure aggregation, a noised reply instead goes through the ClientApp's ``train`` handler,
+wrapped in Flower's ``secaggplus_mod`` (:mod:`dp_textgrad.federated.secure_sum`).
 
 :func:`run_flower_simulation` runs both with Flower's simulation engine (on Ray) on this
 machine: one virtual SuperNode per silo. Needs ``pip install 'dp-textgrad[federated]'``.
@@ -66,8 +68,11 @@ def _save_state(context: Any, state: SiloState) -> None:
 
 def make_client_app(build_silo: SiloBuilder) -> Any:
     """The silos' ClientApp: SuperNode ``partition-id`` i is silo i, built once per worker process."""
+    import flwr.compat.common.recorddict_compat as compat
     from flwr.app import Message
+    from flwr.client.mod import secaggplus_mod
     from flwr.clientapp import ClientApp
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
     app = ClientApp()
     built: dict[int, Silo] = {}
@@ -90,6 +95,27 @@ def make_client_app(build_silo: SiloBuilder) -> Any:
         _save_state(context, state)
         return Message(encode(reply), reply_to=message)
 
+    @app.train(mods=[secaggplus_mod])
+    def contribute(message: Any, context: Any) -> Any:
+        """A secure-sum round (docs/federated.md): the silo's noised reply goes masked into SecAgg+."""
+        index = int(context.node_config["partition-id"])
+        request = json.loads(str(compat.recorddict_to_fitins(message.content, keep_input=True).config["request"]))
+        key = request.pop("sum_of")
+        state = _load_state(context)
+        try:
+            if index not in built:
+                built[index] = build_silo(index)
+            reply = built[index].handle(request, state)
+        except SiloRefused as exc:  # names settings only; the round then fails without this silo
+            raise SiloRefused(str(exc)) from None
+        except Exception:  # noqa: BLE001 - an engine's error text may quote a record: it stays here
+            raise RuntimeError("scoring failed at the silo (its error stays with the silo)") from None
+        finally:
+            _save_state(context, state)
+        values = np.ascontiguousarray(np.asarray(reply[key], dtype=float))
+        result = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([values]), num_examples=1, metrics={})
+        return Message(compat.fitres_to_recorddict(result, keep_input=False), reply_to=message)
+
     return app
 
 
@@ -98,6 +124,7 @@ class FlowerGrid:
 
     def __init__(self, grid: Any, silos: int, timeout: float = 3600.0, wait: float = 120.0) -> None:
         self.grid, self.timeout = grid, timeout
+        self.rounds = 0  # secure-sum rounds so far (Flower groups a round's messages by it)
         deadline = time.monotonic() + wait
         while len(list(grid.get_node_ids())) < silos:
             if time.monotonic() > deadline:
@@ -136,6 +163,14 @@ class FlowerGrid:
                 raise SiloRefused(f"silo {self.nodes.index(node)}: {answer['failed']}")
             out.append(answer)
         return out
+
+    def ask_sum(self, request: dict[str, Any], key: str, bound: float) -> np.ndarray:
+        """The sum over silos of ``reply[key]`` by SecAgg+: no single silo's value reaches this process."""
+        from dp_textgrad.federated.secure_sum import flower_secure_sum
+
+        self.rounds += 1
+        return flower_secure_sum(self.grid, self.nodes, {**request, "sum_of": key}, bound, self.rounds,
+                                 timeout=self.timeout)
 
 
 def run_flower_simulation(build_silo: SiloBuilder, silos: int, coordinate: Callable[[FlowerGrid], Any], *,

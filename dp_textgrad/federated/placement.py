@@ -11,7 +11,7 @@ placement  each silo adds         noise on the total    a record at silo s is pr
 ========== ===================== ===================== ====================================
 central    nothing (raw sums)     sigma                 z, against everyone but the coordinator
 distributed N(0, sigma^2 / S)     sigma                 z against a coordinator that sees only the
-                                                        sum (secure aggregation); z / sqrt(S)
+                                                        sum (secure aggregation on); z / sqrt(S)
                                                         against one that sees each silo's value
 local      N(0, sigma^2)          sigma * sqrt(S)       z, against everyone, the coordinator included
 ========== ===================== ===================== ====================================
@@ -94,7 +94,7 @@ class Guarantee:
 
 
 def guarantees(placement: NoisePlacement, silos: int, events: Sequence[dpe.DpEvent], delta: float,
-               epsilon_of: Any) -> list[Guarantee]:
+               epsilon_of: Any, secure_aggregation: bool = False) -> list[Guarantee]:
     """What a run that charged ``events`` guarantees under ``placement`` (``epsilon_of(events, delta)``
     is the ledger's accountant: the smallest valid bound)."""
     check_placement(placement, silos)
@@ -105,12 +105,21 @@ def guarantees(placement: NoisePlacement, silos: int, events: Sequence[dpe.DpEve
     if placement == "local":
         return [Guarantee("everyone, the coordinator and the other silos included", spent, delta,
                           "each silo adds the full noise before anything leaves it")]
+    # What one silo's own noise share gives its records: all that is left against a coordinator that
+    # sees each silo's value, or that colludes with the other S - 1 silos (they subtract their shares).
     alone = float(epsilon_of([scale_gaussian_noise(e, silo_noise_factor(placement, silos)) for e in events],
                              delta))
-    return [Guarantee("everyone, the coordinator included", spent, delta,
-                      "secure aggregation: the coordinator sees only the sum of the silos' values"),
-            Guarantee("a coordinator that sees each silo's value", alone, delta,
-                      f"no secure aggregation (this simulation): each silo's own noise, sigma / sqrt({silos})")]
+    if secure_aggregation:
+        return [Guarantee("everyone, the coordinator included", spent, delta,
+                          "secure aggregation (on): the coordinator sees only the sum of the silos' values; it "
+                          "follows the protocol and colludes with no silo"),
+                Guarantee("the coordinator colluding with the other silos", alone, delta,
+                          f"each silo's own noise, sigma / sqrt({silos}); with c colluders the noise left is "
+                          f"sigma * sqrt(({silos} - c) / {silos})")]
+    return [Guarantee("everyone who sees only the released prompt, scores and logs", spent, delta,
+                      "the released values are sums that carry the full noise"),
+            Guarantee("the coordinator, which sees each silo's value", alone, delta,
+                      f"secure aggregation is off: each silo's own noise, sigma / sqrt({silos})")]
 
 
 __all__ = ["Guarantee", "NoisePlacement", "PLACEMENTS", "check_placement", "guarantees", "scale_gaussian_noise",

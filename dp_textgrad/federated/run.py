@@ -123,7 +123,8 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
     engine = engine_factory()
 
     def coordinate(transport: Any) -> Any:
-        backend = FederatedScoring(transport, sizes, federation.placement, federation.jse, federation.control_variate)
+        backend = FederatedScoring(transport, sizes, federation.placement, federation.jse, federation.control_variate,
+                                   federation.secure_aggregation)
         # The lifetime store keys a dataset by its records, which the coordinator never holds: each
         # silo keeps its own account instead (max_epsilon), for this run (docs/federated.md).
         return workflow.run(shell, engine, config, run_dir=run_dir, evaluate=settings.output.evaluate,
@@ -138,11 +139,12 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
 
         outcome = run_flower_simulation(builder, len(sizes), coordinate, cpus_per_silo=federation.cpus_per_silo)
     promised = guarantees(federation.placement, len(sizes), outcome.optimizer.ledger.events, float(config.delta),
-                          _smallest_bound)
+                          _smallest_bound, federation.secure_aggregation)
     seconds = time.perf_counter() - started
     federation_record = {
         "placement": federation.placement, "silos": len(sizes), "silo_names": names, "silo_sizes": sizes,
         "jse": federation.jse, "control_variate": federation.control_variate,
+        "secure_aggregation": federation.secure_aggregation,
         "total_noise_factor": total_noise_factor(federation.placement, len(sizes)),
         "guarantees": [g.to_dict() for g in promised], "transport": federation.transport,
         "evaluation": dataclasses.asdict(outcome.evaluation) if outcome.evaluation is not None else None,

@@ -141,6 +141,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "silo_sizes": PUBLIC,                # each silo's record count, declared public like N
         "jse": PUBLIC,
         "control_variate": PUBLIC,
+        "secure_aggregation": PUBLIC,        # a setting: whether the silos' values were summed by SecAgg+
         "total_noise_factor": PUBLIC,        # std of the noise on the total / sigma: a function of S
         "guarantees": PUBLIC,                # from the charged events' public parameters
         "transport": PUBLIC,

@@ -7,7 +7,6 @@ and that a silo's error text stays at the silo.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -21,8 +20,7 @@ from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.federated import FederatedScoring, InProcessSilos, RemoteRecords, Silo, SiloRefused, SiloState
 from dp_textgrad.federated.config import load_federated_settings
 from dp_textgrad.federated.run import run_federated
-from dp_textgrad.federated.split import dirichlet_label_split
-from dp_textgrad.privacy.data import PrivateDataError, PrivateDataset, PrivateScoringError
+from dp_textgrad.privacy.data import PrivateDataError, PrivateScoringError
 from dp_textgrad.tasks.synthetic import make_support_task
 import helpers
 
@@ -36,23 +34,8 @@ def task():
     return make_support_task(seed=3, n_private=300, n_test=40)
 
 
-def silos_of(task, placement: str, count: int = 3, **options):
-    records = [r.unwrap() for r in task.private_train]
-    parts = dirichlet_label_split([r.label for r in records], count, 0.5, np.random.default_rng(0))
-    return [Silo.build(f"s{i}", dataclasses.replace(task, private_train=PrivateDataset([records[j] for j in part])),
-                       make_engine(), placement, count, max_record_tokens=256, insecure_seed=100 + i, **options)
-            for i, part in enumerate(parts)]
-
-
-def run_with(task, silos, placement: str, **backend_options):
-    transport = InProcessSilos(silos, keep_replies=True)
-    backend = FederatedScoring(transport, [s.size for s in silos], placement, **backend_options)
-    coordinator_task = dataclasses.replace(task, private_train=RemoteRecords(sum(s.size for s in silos)))
-    prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
-    optimizer = DPEvolutionStrategy([prompt], task=coordinator_task, engine=make_engine(), scoring=lambda *_: backend,
-                                    epsilon=3.0, generations=2, population=4, sampling_rate=0.3,
-                                    insecure_noise_seed=7, seed=1)
-    return optimizer, optimizer.run(), transport
+silos_of = helpers.federated_silos
+run_with = helpers.federated_run
 
 
 @pytest.mark.parametrize("placement", ["central", "distributed", "local"])

@@ -44,7 +44,9 @@ def federated_twin(root, rows_per_silo, monkeypatch, placement: str):
     return collect(root, run_dirs[0], result)
 
 
-@pytest.mark.parametrize("placement", ["local", "central"])
+# distributed with secure aggregation: the in-process secure sum (the same clipped sum as SecAgg+).
+@pytest.mark.parametrize("placement", ["local", "central", "distributed\n  secure_aggregation: true"],
+                         ids=["local", "central", "distributed-secure"])
 def test_a_long_record_at_one_silo_changes_nothing_released(tmp_path, monkeypatch, placement) -> None:
     rows = base_rows(60)
     silos = [rows[0:20], rows[20:40], rows[40:60]]
