@@ -150,7 +150,7 @@ def test_run_federated_in_process_writes_the_guarantees(task, tmp_path) -> None:
     assert (outcome.run_dir / "released_prompt.txt").read_text().strip() == outcome.result.prompt
 
 
-def flower_settings(tmp_path, generations: int):
+def flower_settings(tmp_path, generations: int, placement: str = "local", secure_aggregation: bool = False):
     """Settings of a Flower simulation with local noise; Ray workers get this module's engines by value."""
     pytest.importorskip("flwr", reason="needs the [federated] extra: pip install 'dp-textgrad[federated]'")
     ray = pytest.importorskip("ray")
@@ -159,7 +159,7 @@ def flower_settings(tmp_path, generations: int):
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.cloudpickle.register_pickle_by_value(helpers)
     return load_federated_settings(None, {
-        "federation": {"placement": "local", "transport": "flower"},
+        "federation": {"placement": placement, "transport": "flower", "secure_aggregation": secure_aggregation},
         "dp": {"epsilon": 2.0, "generations": generations, "population": 3, "sampling_rate": 0.3},
         "output": {"runs_root": str(tmp_path), "evaluate": False},
     })
@@ -187,8 +187,10 @@ class BrokenSilos:
         return make_engine() if self.calls == 1 else broken_engine()
 
 
-def test_a_silo_error_stays_at_the_silo_over_flower(task, tmp_path, capfd) -> None:
-    settings = flower_settings(tmp_path, generations=1)
+@pytest.mark.parametrize("placement, secure", [("local", False), ("distributed", True)],
+                         ids=["local", "distributed-secagg"])
+def test_a_silo_error_stays_at_the_silo_over_flower(task, tmp_path, capfd, placement, secure) -> None:
+    settings = flower_settings(tmp_path, generations=1, placement=placement, secure_aggregation=secure)
     with pytest.raises(PrivateScoringError) as caught:
         run_federated(settings, engine_factory=BrokenSilos(), task=task)
     out, err = capfd.readouterr()
