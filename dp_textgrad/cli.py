@@ -131,8 +131,8 @@ def make_engine(section: EngineSection):
                         **section.options)
 
 
-def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -> Any:
-    """Run ``action`` and turn its failures into one line and an exit code."""
+def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]], command: str = "optimize") -> Any:
+    """Run ``action`` and turn its failures into one line and an exit code (``command`` resumes a run)."""
     from dp_textgrad.privacy.data import PrivateScoringError
     from dp_textgrad.engines.base import EngineError
 
@@ -141,7 +141,7 @@ def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -
     except (KeyboardInterrupt, StopAfterCheckpoint):
         directory = run_dir()
         if directory is not None and runs.RunDir(directory).checkpoint.exists():
-            typer.echo(f"interrupted: checkpoint saved; resume with `dp-textgrad optimize --resume {directory}`",
+            typer.echo(f"interrupted: checkpoint saved; resume with `dp-textgrad {command} --resume {directory}`",
                        err=True)
         else:
             typer.echo("interrupted before the first checkpoint; nothing to resume", err=True)
@@ -152,7 +152,7 @@ def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]]) -
         _fail(exc, EXIT_BAD_INPUT)
     except PrivateScoringError as exc:
         directory = run_dir()
-        hint = f"; resume with `dp-textgrad optimize --resume {directory}`" if directory is not None else ""
+        hint = f"; resume with `dp-textgrad {command} --resume {directory}`" if directory is not None else ""
         _fail(RuntimeError(f"{exc}{hint}"), EXIT_FAILURE)
     except (EngineError, RuntimeError, OSError) as exc:
         _fail(exc, EXIT_FAILURE)

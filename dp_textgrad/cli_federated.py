@@ -26,20 +26,59 @@ def federated(
     generations: Optional[int] = typer.Option(None, help="DP generations (dp.generations)"),
     population: Optional[int] = typer.Option(None, help="candidates per generation (dp.population)"),
     runs_root: Optional[Path] = typer.Option(None, help="where run directories are created"),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="continue the federated run in RUN_DIR from its "
+                                                                 "checkpoint, with the settings it saved"),
 ) -> None:
     """Optimise one prompt over several silos that never pool their records (docs/federated.md)."""
-    from dp_textgrad import cli
+    from dp_textgrad import cli, runs
+
+    holder: dict[str, Path] = {}
+    given = {"--silos": silos, "--placement": placement, "--jse": jse, "--control-variate": control_variate,
+             "--secure-aggregation": secure_aggregation, "--split-silos": split_silos, "--alpha": alpha,
+             "--transport": transport, "--epsilon": epsilon, "--generations": generations,
+             "--population": population, "--runs-root": runs_root}
 
     def action() -> None:
-        from dp_textgrad.federated.config import load_federated_settings
-        from dp_textgrad.federated.run import run_federated
+        from dp_textgrad.federated.run import run_federated, saved_settings
 
+        if resume is not None:
+            fixed = [k for k, v in given.items() if v is not None]
+            if fixed:
+                raise ValueError(f"resume: {', '.join(fixed)} cannot be given with --resume; a federated run "
+                                 "continues with the settings it saved")
+            if not runs.RunDir(resume).checkpoint.is_file():
+                raise ValueError(f"resume: no checkpoint.json in {resume}; nothing to resume")
+            settings = saved_settings(resume)
+            holder["dir"] = resume
+        else:
+            settings = _settings()
+        fed = settings.federation
         try:
             import flwr  # noqa: F401
         except ImportError:
-            if transport != "in_process":
+            if fed.transport != "in_process":
                 raise ValueError("transport: the Flower simulation needs the federated extra: pip install "
                                  "'dp-textgrad[federated]' (or pass --transport in_process)") from None
+        where = f"{len(fed.silos)} silos" if fed.silos else f"{fed.split.silos} simulated silos (alpha {fed.split.alpha:g})"
+        cli.console.print(f"[bold]Federated DP-ES[/]{' (resumed)' if resume is not None else ''}: {where}, noise "
+                          f"placement [bold]{fed.placement}[/], "
+                          f"JSE {fed.jse}, control variate {'on' if fed.control_variate else 'off'}, "
+                          f"secure aggregation {'on' if fed.secure_aggregation else 'off'}, "
+                          f"epsilon {settings.dp.epsilon:g}, transport {fed.transport}", soft_wrap=True)
+
+        def progress(report) -> None:  # released fields only (the metrics channel)
+            cli.console.print(f"generation {report.generation}: best DP estimate {report.best_estimate:.3f} "
+                              f"(noise std {report.noise_std_estimate:.3f}), epsilon spent {report.epsilon_spent:.3f}",
+                              highlight=False)
+
+        if resume is None:
+            holder["dir"] = runs.new_run_dir(settings.output.runs_root, prefix="federated")
+        outcome = run_federated(settings, progress=progress, run_dir=holder["dir"], resume=resume is not None)
+        _print_outcome(outcome)
+
+    def _settings():
+        from dp_textgrad.federated.config import load_federated_settings
+
         settings = load_federated_settings(silos, {
             "federation": {"placement": placement, "jse": jse, "control_variate": control_variate,
                            "secure_aggregation": secure_aggregation, "transport": transport},
@@ -50,19 +89,9 @@ def federated(
             split = settings.federation.split.model_copy(
                 update={k: v for k, v in {"silos": split_silos, "alpha": alpha}.items() if v is not None})
             settings = settings.model_copy(update={"federation": settings.federation.model_copy(update={"split": split})})
-        fed = settings.federation
-        where = f"{len(fed.silos)} silos" if fed.silos else f"{fed.split.silos} simulated silos (alpha {fed.split.alpha:g})"
-        cli.console.print(f"[bold]Federated DP-ES[/]: {where}, noise placement [bold]{fed.placement}[/], "
-                          f"JSE {fed.jse}, control variate {'on' if fed.control_variate else 'off'}, "
-                          f"secure aggregation {'on' if fed.secure_aggregation else 'off'}, "
-                          f"epsilon {settings.dp.epsilon:g}, transport {fed.transport}", soft_wrap=True)
+        return settings
 
-        def progress(report) -> None:  # released fields only (the metrics channel)
-            cli.console.print(f"generation {report.generation}: best DP estimate {report.best_estimate:.3f} "
-                              f"(noise std {report.noise_std_estimate:.3f}), epsilon spent {report.epsilon_spent:.3f}",
-                              highlight=False)
-
-        outcome = run_federated(settings, progress=progress)
+    def _print_outcome(outcome) -> None:
         cli.console.print(f"Released prompt: {outcome.result.prompt}", highlight=False, markup=False, soft_wrap=True)
         for g in outcome.federation["guarantees"]:
             cli.console.print(f"  ({g['epsilon']:.3f}, {g['delta']:.1e})-DP per record against {g['against']} "
@@ -73,7 +102,7 @@ def federated(
                               f"{evaluation['released_accuracy']:.3f} on {evaluation['n_test']} records", highlight=False)
         cli.console.print(f"Run directory: {outcome.run_dir}", soft_wrap=True, markup=False, highlight=False)
 
-    cli._guarded(action, lambda: None)
+    cli._guarded(action, lambda: holder.get("dir"), command="federated")
 
 
 def federated_split(

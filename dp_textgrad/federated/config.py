@@ -49,6 +49,8 @@ class FederationSection(_Section):
     split: SplitSection = Field(default_factory=SplitSection, description="simulated silos (when silos is not given)")
     silo_max_epsilon: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
                                               description="default max_epsilon of every silo")
+    silo_accounts: Optional[Path] = Field(None, description="where each silo keeps its own account file (default: "
+                                                            "the run directory's silo_accounts/)")
     transport: Literal["flower", "in_process"] = Field("flower", description="Flower simulation, or direct calls")
     cpus_per_silo: float = Field(1.0, gt=0, description="CPUs Flower reserves per simulated silo")
 
@@ -102,6 +104,10 @@ def load_federated_settings(path: Path | None, overrides: dict[str, Any] | None 
         for silo in (raw.get("federation", {}) or {}).get("silos") or []:
             if isinstance(silo, dict) and "train" in silo and not Path(str(silo["train"])).is_absolute():
                 silo["train"] = str(base / str(silo["train"]))
+        federation = raw.get("federation") or {}
+        accounts = federation.get("silo_accounts") if isinstance(federation, dict) else None
+        if accounts is not None and not Path(str(accounts)).is_absolute():
+            federation["silo_accounts"] = str(base / str(accounts))
     try:
         return FederatedSettings.model_validate(raw)
     except ValidationError as exc:

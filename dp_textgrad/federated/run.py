@@ -5,11 +5,18 @@ by Dirichlet label skew for a simulation), runs the coordinator's DP-ES loop ove
 simulation engine (or in-process), and writes into a run directory what a single-machine
 run writes (ledger, checkpoints, result.json, metrics.jsonl, released_prompt.txt) plus
 ``federation.json``: the placement, the public silo sizes and the guarantee per adversary.
+
+A killed run resumes (``resume=True`` on its run directory, ``dp-textgrad federated
+--resume RUN_DIR``) from its last checkpoint with the settings it saved in
+``federation_settings.json``: the coordinator's ledger keeps every charge, and every
+silo keeps its own account in a file (``federation.silo_accounts``, by default the run
+directory's ``silo_accounts/``), so neither budget restarts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +36,8 @@ from dp_textgrad.federated.split import dirichlet_label_split
 from dp_textgrad.privacy.data import PrivateDataset
 
 EngineFactory = Callable[[], Any]
+SETTINGS_NAME = "federation_settings.json"
+ACCOUNTS_DIR = "silo_accounts"
 
 
 @dataclass
@@ -59,6 +68,7 @@ class SiloBuilder:
     long_records: str
     insecure_seed: int | None
     sizes: list[int] | None = None
+    accounts: Path | None = None    # where each silo keeps its account file
     _engine: Any = None
 
     def __call__(self, index: int) -> Silo:
@@ -69,7 +79,9 @@ class SiloBuilder:
         return Silo.build(self.names[index], task, self._engine, self.placement, len(self.records),  # type: ignore[arg-type]
                           max_record_tokens=self.max_record_tokens, long_records=self.long_records,
                           insecure_seed=seed, shrink=self.shrink, max_epsilon=self.max_epsilon[index],
-                          delta=self.delta, declared_size=None if self.sizes is None else self.sizes[index])
+                          delta=self.delta, declared_size=None if self.sizes is None else self.sizes[index],
+                          account_path=None if self.accounts is None else self.accounts / account_file(index,
+                                                                                                        self.names[index]))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -97,10 +109,24 @@ def silo_records(settings: FederatedSettings, task: Any) -> tuple[list[str], lis
     return names, [[pooled[int(j)] for j in part] for part in parts], [federation.silo_max_epsilon] * split.silos
 
 
+def account_file(index: int, name: str) -> str:
+    """Silo ``index``'s account file name (its public name, made safe for a file system)."""
+    return f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:64]}.json"
+
+
+def saved_settings(run_dir: Path) -> FederatedSettings:
+    """The settings a federated run saved when it started (what ``--resume`` continues with)."""
+    path = Path(run_dir) / SETTINGS_NAME
+    if not path.is_file():
+        raise ValueError(f"resume: no {SETTINGS_NAME} in {run_dir}; is this a federated run directory?")
+    return FederatedSettings.model_validate(runs.read_json(path))
+
+
 def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory | None = None,
                   task: Any = None, progress: Callable[[GenerationReport], None] | None = None,
-                  run_dir: Path | None = None) -> FederatedOutcome:
-    """Run one federated DP-ES optimisation; ``engine_factory`` and ``task`` default to the settings'."""
+                  run_dir: Path | None = None, resume: bool = False) -> FederatedOutcome:
+    """Run one federated DP-ES optimisation (or, with ``resume``, continue the one in ``run_dir``);
+    ``engine_factory`` and ``task`` default to the settings'."""
     import functools
 
     from dp_textgrad import cli, workflow
@@ -116,10 +142,15 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
     # Each silo's size is declared public (the single machine's N is, too): N is their sum.
     shell = dataclasses.replace(task, private_train=RemoteRecords(sum(sizes)))
     config = settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved(sum(sizes))
+    if resume and run_dir is None:
+        raise ValueError("resume: name the run directory to continue")
+    run_dir = Path(run_dir) if run_dir is not None else runs.new_run_dir(settings.output.runs_root, prefix="federated")
+    if not resume:
+        runs.write_json(run_dir / SETTINGS_NAME, settings.model_dump(mode="json"))
+    accounts = Path(federation.silo_accounts) if federation.silo_accounts is not None else run_dir / ACCOUNTS_DIR
     builder = SiloBuilder(shell, names, records, engine_factory, federation.placement, federation.jse == "silo",
                           caps, float(config.delta), config.max_record_tokens, config.long_records,
-                          config.insecure_noise_seed, sizes)
-    run_dir = Path(run_dir) if run_dir is not None else runs.new_run_dir(settings.output.runs_root, prefix="federated")
+                          config.insecure_noise_seed, sizes, accounts)
     engine = engine_factory()
 
     def coordinate(transport: Any) -> Any:
@@ -130,7 +161,7 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
         return workflow.run(shell, engine, config, run_dir=run_dir, evaluate=settings.output.evaluate,
                             on_generation=progress, task_name=f"federated:{settings.task.name or 'custom'}",
                             engine_name=settings.engine.kind, lifetime=LifetimeOptions(enabled=False),
-                            scoring=lambda *_: backend)
+                            scoring=lambda *_: backend, resume=resume)
 
     if federation.transport == "in_process":
         outcome = coordinate(InProcessSilos([builder(i) for i in range(len(sizes))]))
@@ -160,4 +191,4 @@ def _smallest_bound(events: list[Any], delta: float) -> float:
     return smallest_bound(events, delta)
 
 
-__all__ = ["FederatedOutcome", "SiloBuilder", "run_federated", "silo_records"]
+__all__ = ["FederatedOutcome", "SiloBuilder", "account_file", "run_federated", "saved_settings", "silo_records"]

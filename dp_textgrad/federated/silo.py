@@ -14,18 +14,23 @@ noise placement allows to leave it:
 The silo keeps its own account: under ``local`` and ``distributed`` it computes its
 noise share itself from the run's noise multiplier (a coordinator cannot ask it for
 less), records the event its own noise gives its records, and refuses a request that
-would take its records past its own ``max_epsilon``. Nothing a silo logs or returns is
-computed from its records except through its noise.
+would take its records past its own ``max_epsilon``. With an ``account_path`` the account
+is a file the silo rewrites atomically before each read of its records, so it outlives a
+run that is killed and resumed. Nothing a silo logs or returns is computed from its
+records except through its noise.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dp_textgrad._io import atomic_write_json
 from dp_textgrad.dp_es.preflight import length_tools
 from dp_textgrad.dp_es.scoring import batch_totals
 from dp_textgrad.federated.placement import NoisePlacement, check_placement, silo_mechanism
@@ -64,6 +69,7 @@ class Silo:
     max_epsilon: float | None = None
     delta: float = 1e-5
     declared_size: int | None = None
+    account_path: Path | None = None  # the silo's own account file (kept across a resumed run)
 
     def __post_init__(self) -> None:
         check_placement(self.placement, self.silos)
@@ -102,6 +108,12 @@ class Silo:
             return self._noised_confusion(request, mechanism, state)
         return self._noised_sums(request, mechanism, state)
 
+    def answered(self, state: SiloState) -> list[dict[str, Any]]:
+        """The events this silo's noise has answered: its account file when it keeps one, else this run's."""
+        if self.account_path is not None and Path(self.account_path).is_file():
+            return list(json.loads(Path(self.account_path).read_text(encoding="utf-8"))["events"])
+        return list(state.events)
+
     # -- internals ------------------------------------------------------------------
     def _totals(self, request: Mapping[str, Any], with_confusion: bool) -> Any:
         batch = self.task.private_train.poisson_subsample(float(request["sampling_rate"]),
@@ -112,13 +124,16 @@ class Silo:
     def _noised_sums(self, request: Mapping[str, Any], mechanism: GaussianScoreMechanism,
                      state: SiloState) -> dict[str, Any]:
         event = mechanism.event(float(request["sampling_rate"]))
+        answered = self.answered(state)
         if self.max_epsilon is not None:
-            planned = [event_from_dict(e) for e in state.events] + [event]
+            planned = [event_from_dict(e) for e in answered] + [event]
             if smallest_bound(planned, self.delta) > self.max_epsilon:
                 raise SiloRefused(f"max_epsilon: answering would take silo {self.name!r} past its own budget "
                                   f"of {self.max_epsilon:g} at delta {self.delta:g}")
         # Recorded before the records are read, as the ledger does.
-        state.events.append(event_to_dict(event))
+        state.events = answered + [event_to_dict(event)]
+        if self.account_path is not None:
+            atomic_write_json(self.account_path, {"silo": self.name, "events": state.events})
         state.confusion = None
         totals = self._totals(request, bool(request["keep_confusion"]))
         noised = mechanism.release(totals.sums, self.noise)

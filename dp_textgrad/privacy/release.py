@@ -208,6 +208,9 @@ TEXT_CHANNELS: dict[str, str] = {
                          "out), tags stopped_because / run_dir name / failing error class, and the released "
                          "files report.*, plots/, result.json, released_prompt.txt as artifacts",
     "cli_settings.json": "the user's settings (public)",
+    "federation_settings.json": "a federated run's settings (public; what `federated --resume` continues with)",
+    "silo_accounts/": "each silo's own account: the events its noise answered, from public parameters only "
+                      "(in a deployment each silo keeps its own file)",
     "console (stdout)": "budget, plan and public costs; per generation: generation, DP estimates, epsilon spent; "
                         "with --json one `events` object per line; with --quiet only the run directory",
     "console (stderr)": "one-line errors that quote no private record and no private-derived number; "
