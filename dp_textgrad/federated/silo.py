@@ -15,13 +15,15 @@ The silo keeps its own account: under ``local`` and ``distributed`` it computes 
 noise share itself from the run's noise multiplier (a coordinator cannot ask it for
 less), records the event its own noise gives its records, and refuses a request that
 would take its records past its own ``max_epsilon``. With an ``account_path`` the account
-is a file the silo rewrites atomically before each read of its records, so it outlives a
-run that is killed and resumed. Nothing a silo logs or returns is computed from its
+is a file the silo rewrites atomically (under a file lock) before each read of its
+records: it outlives a run that is killed and resumed and, in a directory kept across
+runs, composes every run that silo answered (``max_epsilon`` then caps its lifetime). Nothing a silo logs or returns is computed from its
 records except through its noise.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -114,6 +116,14 @@ class Silo:
             return list(json.loads(Path(self.account_path).read_text(encoding="utf-8"))["events"])
         return list(state.events)
 
+    def _account_lock(self) -> Any:
+        if self.account_path is None:
+            return contextlib.nullcontext()
+        from filelock import FileLock
+
+        Path(self.account_path).parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(f"{self.account_path}.lock")
+
     # -- internals ------------------------------------------------------------------
     def _totals(self, request: Mapping[str, Any], with_confusion: bool) -> Any:
         batch = self.task.private_train.poisson_subsample(float(request["sampling_rate"]),
@@ -124,16 +134,17 @@ class Silo:
     def _noised_sums(self, request: Mapping[str, Any], mechanism: GaussianScoreMechanism,
                      state: SiloState) -> dict[str, Any]:
         event = mechanism.event(float(request["sampling_rate"]))
-        answered = self.answered(state)
-        if self.max_epsilon is not None:
-            planned = [event_from_dict(e) for e in answered] + [event]
-            if smallest_bound(planned, self.delta) > self.max_epsilon:
-                raise SiloRefused(f"max_epsilon: answering would take silo {self.name!r} past its own budget "
-                                  f"of {self.max_epsilon:g} at delta {self.delta:g}")
-        # Recorded before the records are read, as the ledger does.
-        state.events = answered + [event_to_dict(event)]
-        if self.account_path is not None:
-            atomic_write_json(self.account_path, {"silo": self.name, "events": state.events})
+        with self._account_lock():  # runs sharing an account directory take turns
+            answered = self.answered(state)
+            if self.max_epsilon is not None:
+                planned = [event_from_dict(e) for e in answered] + [event]
+                if smallest_bound(planned, self.delta) > self.max_epsilon:
+                    raise SiloRefused(f"max_epsilon: answering would take silo {self.name!r} past its own budget "
+                                      f"of {self.max_epsilon:g} at delta {self.delta:g}")
+            # Recorded before the records are read, as the ledger does.
+            state.events = answered + [event_to_dict(event)]
+            if self.account_path is not None:
+                atomic_write_json(self.account_path, {"silo": self.name, "events": state.events})
         state.confusion = None
         totals = self._totals(request, bool(request["keep_confusion"]))
         noised = mechanism.release(totals.sums, self.noise)

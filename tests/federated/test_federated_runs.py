@@ -198,3 +198,26 @@ def test_a_silo_error_stays_at_the_silo_over_flower(task, tmp_path, capfd, place
     ledger = next(tmp_path.glob("federated-*/ledger.jsonl")).read_text().splitlines()
     assert len(ledger) == 2 and '"index"' in ledger[1]  # header + the one charge: kept, nothing released
     assert not list(tmp_path.glob("federated-*/result.json"))
+
+
+def test_a_kept_account_directory_caps_each_silos_lifetime(task, tmp_path) -> None:
+    """Two runs sharing ``silo_accounts``: each silo's account holds the first run's events, so its
+    max_epsilon refuses the second run's first step, before recording or reading anything; with a
+    fresh account directory the same run goes through."""
+    def settings(root: str, accounts: str):
+        return load_federated_settings(None, {
+            "federation": {"placement": "local", "transport": "in_process", "silo_max_epsilon": 2.1,
+                           "silo_accounts": str(tmp_path / accounts)},
+            "dp": {"epsilon": 2.0, "generations": 2, "population": 3, "sampling_rate": 0.3, "delta": 1e-5},
+            "output": {"runs_root": root, "evaluate": False},
+        })
+
+    first = run_federated(settings(str(tmp_path / "a"), "kept"), engine_factory=make_engine, task=task)
+    accounts = sorted((tmp_path / "kept").glob("*.json"))
+    after_first = [json.loads(p.read_text())["events"] for p in accounts]
+    assert len(accounts) == 3 and all(len(e) == first.result.generations_run for e in after_first)
+    with pytest.raises(PrivateScoringError):
+        run_federated(settings(str(tmp_path / "b"), "kept"), engine_factory=make_engine, task=task)
+    assert [json.loads(p.read_text())["events"] for p in accounts] == after_first
+    fresh = run_federated(settings(str(tmp_path / "c"), "fresh"), engine_factory=make_engine, task=task)
+    assert fresh.result.generations_run == first.result.generations_run
