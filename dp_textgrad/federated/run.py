@@ -157,7 +157,7 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
         backend = FederatedScoring(transport, sizes, federation.placement, federation.jse, federation.control_variate,
                                    federation.secure_aggregation)
         # The lifetime store keys a dataset by its records, which the coordinator never holds: each
-        # silo keeps its own account instead (max_epsilon), for this run (docs/federated.md).
+        # silo keeps its own account instead (max_epsilon, silo_accounts; docs/federated.md).
         return workflow.run(shell, engine, config, run_dir=run_dir, evaluate=settings.output.evaluate,
                             on_generation=progress, task_name=f"federated:{settings.task.name or 'custom'}",
                             engine_name=settings.engine.kind, lifetime=LifetimeOptions(enabled=False),
