@@ -193,10 +193,10 @@ class BrokenSilos:
         return make_engine() if self.calls == 1 else broken_engine()
 
 
-def test_a_silo_error_stays_at_the_silo_over_flower(task, tmp_path, capfd) -> None:
-    # One Flower run (they take minutes here): the query path. The secure-sum path raises the same fixed
-    # phrase from the ClientApp's train handler (flower_app.make_client_app).
-    settings = flower_settings(tmp_path, generations=1)
+@pytest.mark.parametrize("placement, secure", [("local", False), ("distributed", True)],
+                         ids=["local", "distributed-secagg"])
+def test_a_silo_error_stays_at_the_silo_over_flower(task, tmp_path, capfd, placement, secure) -> None:
+    settings = flower_settings(tmp_path, generations=1, placement=placement, secure_aggregation=secure)
     with pytest.raises(PrivateScoringError) as caught:
         run_federated(settings, engine_factory=BrokenSilos(), task=task)
     out, err = capfd.readouterr()
