@@ -165,18 +165,12 @@ def flower_settings(tmp_path, generations: int, placement: str = "local", secure
     })
 
 
-def test_flower_messages_carry_requests_and_replies_unchanged() -> None:
-    """The query path's codec (numbers and text as JSON, arrays apart); the whole path over Flower's
-    simulation runs in the silo-error test below and, with secure aggregation, in test_secure_aggregation."""
-    pytest.importorskip("flwr", reason="needs the [federated] extra: pip install 'dp-textgrad[federated]'")
-    from dp_textgrad.federated.flower_app import decode, encode
-
-    reply = {"sums": np.array([1.5, -2.0, 3.25]), "confusion": np.arange(8.0).reshape(2, 2, 2), "noise_std": 0.7}
-    back = decode(encode(reply))
-    assert back["noise_std"] == 0.7 and set(back) == set(reply)
-    assert np.array_equal(back["sums"], reply["sums"]) and np.array_equal(back["confusion"], reply["confusion"])
-    request = {"kind": "noised_sums", "prompts": ["a", "b"], "sampling_rate": 0.3, "feedback_noise_multiplier": None}
-    assert decode(encode(request)) == request
+def test_a_flower_simulation_runs_end_to_end(task, tmp_path) -> None:
+    settings = flower_settings(tmp_path, generations=2)
+    outcome = run_federated(settings, engine_factory=make_engine, task=task)
+    assert outcome.result.generations_run == 2
+    assert outcome.federation["guarantees"][0]["epsilon"] <= 2.0 + 1e-6
+    assert outcome.federation["total_noise_factor"] == pytest.approx(math.sqrt(3))
 
 
 broken_engine = helpers.broken_support_engine
