@@ -128,8 +128,7 @@ class FederatedScoring:
                    "keep_confusion": bool(keep_confusion)}
         silo_std = silo_mechanism(mechanism, self.placement, self.silos).noise_std
         if self.secure_aggregation:
-            bound = value_bound(self.silo_sizes, mechanism.clip_bound, silo_std)
-            return NoisedRelease(self.transport.ask_sum(request, "sums", bound), silo_std * math.sqrt(self.silos))
+            return self._secure_sum(request, "sums", mechanism.clip_bound, silo_std)
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
         sums = np.stack([np.asarray(r["sums"], dtype=float) for r in replies])
         sums = self._post_process(sums, silo_std, float(sampling_rate))
@@ -142,11 +141,15 @@ class FederatedScoring:
                    "feedback_noise_multiplier": mechanism.feedback_noise_multiplier}
         silo_std = silo_mechanism(mechanism, self.placement, self.silos).confusion_noise_std(len(indices))
         if self.secure_aggregation:
-            bound = value_bound(self.silo_sizes, mechanism.clip_bound, silo_std)
-            return NoisedRelease(self.transport.ask_sum(request, "confusion", bound), silo_std * math.sqrt(self.silos))
+            return self._secure_sum(request, "confusion", mechanism.clip_bound, silo_std)
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
         total = sum(np.asarray(r["confusion"], dtype=float) for r in replies)
         return NoisedRelease(np.asarray(total), silo_std * math.sqrt(self.silos))
+
+    def _secure_sum(self, request: dict[str, Any], key: str, clip_bound: float, silo_std: float) -> NoisedRelease:
+        """Only the silos' total of ``reply[key]`` reaches the coordinator (public clipping bound)."""
+        bound = value_bound(self.silo_sizes, clip_bound, silo_std)
+        return NoisedRelease(self.transport.ask_sum(request, key, bound), silo_std * math.sqrt(self.silos))
 
     def _post_process(self, sums: np.ndarray, silo_std: float, sampling_rate: float) -> np.ndarray:
         """Drift removal and coordinator shrinkage, in per-record estimate scale (public q * n_s)."""

@@ -5,7 +5,9 @@ the S replies carries the run's sigma. With ``secure_aggregation`` on, the repli
 summed by Flower's SecAgg+ protocol (``SecAggPlusWorkflow`` at the coordinator,
 ``secaggplus_mod`` at each silo): every silo masks its quantized vector with pairwise
 and private masks that cancel only in the sum, so a coordinator that follows the
-protocol and colludes with fewer than ``threshold`` silos sees nothing but the sum.
+protocol sees nothing but the sum (unmasking one silo takes key shares from half of them).
+The DP guarantee against the coordinator assumes it colludes with no silo: colluders can
+subtract their own noise shares (docs/federated.md).
 
 SecAgg+ sums fixed-point values: each silo clips every entry to ``[-bound, bound]`` and
 rounds it stochastically to ``2^22`` levels; the masks live modulo ``2^32``. Both steps

@@ -17,8 +17,8 @@ less), records the event its own noise gives its records, and refuses a request 
 would take its records past its own ``max_epsilon``. With an ``account_path`` the account
 is a file the silo rewrites atomically (under a file lock) before each read of its
 records: it outlives a run that is killed and resumed and, in a directory kept across
-runs, composes every run that silo answered (``max_epsilon`` then caps its lifetime). Nothing a silo logs or returns is computed from its
-records except through its noise.
+runs, composes every run that silo answered (``max_epsilon`` then caps its lifetime).
+Nothing a silo logs or returns is computed from its records except through its noise.
 """
 
 from __future__ import annotations
