@@ -526,3 +526,20 @@ def test_calibration_adapter_accepts_own_events():
     assert isinstance(adapter.ledger, dpa.NoOpDpEvent)
     adapter.compose(PureDpEvent(0.1), 3)
     assert adapter.get_epsilon(1e-6) == RdpAccountant().epsilon([PureDpEvent(0.1)] * 3, 1e-6)
+
+
+@pytest.mark.parametrize("z", [0.3, 0.875])
+def test_pld_reads_a_sampling_rate_next_to_one_as_one(z: float) -> None:
+    # dp-accounting 0.6 raises inside its PLD for q = 1 - 1e-16 at small z (found by hypothesis
+    # through a federated silo's share of the noise); q = 1 is the worst case, so it is the bound.
+    near_one = 1.0 - 1e-16
+    with pytest.raises(ValueError):  # the trap itself, so this test notices when dp-accounting fixes it
+        raw = dpa.pld.PLDAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        raw.compose(Poisson(near_one, G(z / 2.83)))
+        raw.get_epsilon(1e-5)
+    for nested in (Poisson(near_one, G(z / 2.83)), Self(Poisson(near_one, G(z / 2.83)), 3)):
+        at_one = nested.event if isinstance(nested, Poisson) else Self(nested.event.event, 3)
+        pld = PldAccountant().epsilon([nested], 1e-5)
+        assert pld == pytest.approx(PldAccountant().epsilon([at_one], 1e-5), rel=1e-9)
+        assert pld <= RdpAccountant().epsilon([nested], 1e-5)
+    assert PldAccountant().epsilon([Poisson(1.0 - 1e-6, G(z))], 1e-5) < PldAccountant().epsilon([G(z)], 1e-5)

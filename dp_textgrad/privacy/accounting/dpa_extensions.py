@@ -35,6 +35,9 @@ _NEIGHBOURS = NEIGHBOURS
 HUGE_EPSILON = 500.0  # beyond this e^eps overflows floats; such bounds are reported as inf
 _HUGE_EPSILON = HUGE_EPSILON
 _CompositionError = dp_accounting.PrivacyAccountant.CompositionErrorDetails
+# dp-accounting 0.6's PLD of a Poisson-subsampled Gaussian raises (log of a difference of two
+# equal logs) when z is small and q is within ~1e-12 of 1; above 1 - this, q is read as 1.
+_Q_READ_AS_ONE = 1e-9
 
 
 # --------------------------------------------------------------------------- RDP curves
@@ -202,6 +205,10 @@ class _ExtendedPldAccountant(_DpaPldAccountant):
         self._pld = self._pld.compose(single.self_compose(count) if count > 1 else single)
 
     def _maybe_compose(self, event: dpe.DpEvent, count: int, do_compose: bool):
+        if isinstance(event, dpe.PoissonSampledDpEvent) and float(event.sampling_probability) >= 1 - _Q_READ_AS_ONE:
+            # Sampling every record is the worst case of Poisson sampling, so this is a valid
+            # upper bound; with q this close to 1 the two differ by a negligible amount.
+            return self._maybe_compose(event.event, count, do_compose)
         if isinstance(event, PureDpEvent):
             if do_compose:
                 self._compose_pure(float(event.epsilon), count)
