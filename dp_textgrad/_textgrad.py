@@ -6,6 +6,11 @@ imports, fetches a model cost map from the network. We point both at harmless
 places, detach textgrad's file handler and delete the directory it made. Its logger
 also stops propagating: its records carry prompts in ``extra`` fields, which an
 application's own root handler (a JSON formatter, say) would print.
+
+textgrad imports litellm only for ``LiteLLMEngine`` (``from litellm import completion``),
+and litellm's import is most of the cost of importing textgrad (14 s of 17 s on a busy
+2-core machine): every CLI start paid it. Unless litellm is loaded already, textgrad gets
+a ``completion`` that imports the real litellm on its first call, so its engine still works.
 """
 
 from __future__ import annotations
@@ -35,9 +40,14 @@ def import_textgrad() -> ModuleType:
         previous_log_dir = os.environ.get("TEXTGRAD_LOG_DIR")
         scratch = tempfile.mkdtemp(prefix="dp-textgrad-tglog-")
         os.environ["TEXTGRAD_LOG_DIR"] = scratch
+        deferred = "litellm" not in sys.modules
+        if deferred:
+            sys.modules["litellm"] = _deferred_litellm()
         try:
             module = importlib.import_module("textgrad")
         finally:
+            if deferred and isinstance(sys.modules.get("litellm"), _DeferredLitellm):
+                del sys.modules["litellm"]  # the next `import litellm` loads the real one
             if previous_log_dir is None:
                 os.environ.pop("TEXTGRAD_LOG_DIR", None)
             else:
@@ -45,6 +55,23 @@ def import_textgrad() -> ModuleType:
             _detach_file_handlers()
             shutil.rmtree(scratch, ignore_errors=True)
         return module
+
+
+class _DeferredLitellm(ModuleType):
+    """Stands in for litellm while textgrad imports; only ``completion`` is ever taken from it."""
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"litellm.{name}: litellm is imported lazily by dp-textgrad; import litellm itself")
+
+
+def _deferred_litellm() -> ModuleType:
+    stand_in = _DeferredLitellm("litellm")
+
+    def completion(*args, **kwargs):
+        return importlib.import_module("litellm").completion(*args, **kwargs)
+
+    stand_in.completion = completion  # type: ignore[attr-defined]
+    return stand_in
 
 
 def _detach_file_handlers() -> None:

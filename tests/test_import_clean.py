@@ -27,6 +27,16 @@ PROBE = textwrap.dedent(
     from dp_textgrad import DPEvolutionStrategy
     import logging
     handlers = [h for h in logging.getLogger("textgrad").handlers if isinstance(h, logging.FileHandler)]
+    print("LITELLM_LOADED", "litellm" in sys.modules)  # deferred: most of textgrad's import time
+    # textgrad's LiteLLMEngine still reaches litellm: its `completion` imports it on first call.
+    import types
+    from textgrad.engine_experimental import litellm as textgrad_litellm
+    fake = types.ModuleType("litellm")
+    fake.completion = lambda **kwargs: "forwarded " + kwargs["model"]
+    sys.modules["litellm"] = fake
+    print("CALL", textgrad_litellm.completion(model="m1", messages=[]))
+    del sys.modules["litellm"]
+    import litellm  # the real one, loaded after textgrad: still offline
     print("ATTEMPTS", len(attempts), attempts)
     print("FILEHANDLERS", len(handlers))
     """
@@ -50,6 +60,7 @@ def test_import_writes_nothing_and_stays_offline(tmp_path: Path) -> None:
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ATTEMPTS 0" in proc.stdout, proc.stdout
+    assert "LITELLM_LOADED False" in proc.stdout and "CALL forwarded m1" in proc.stdout, proc.stdout
     assert "FILEHANDLERS 0" in proc.stdout, proc.stdout
     for d in (home, work, tmpdir):
         assert _snapshot(d) == before[d], f"files appeared under {d.name}: {_snapshot(d) - before[d]}"
