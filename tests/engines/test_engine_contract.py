@@ -49,7 +49,9 @@ ENGINE_CASES = [
                             enforces_context_limit=False), id="transformers"),
 ]
 
-PREFIX = "Classify the sentiment of each movie review as positive or negative.\n\n"
+# Short on purpose: llama-cpp-python's server echoes log-probs at about 1 s per prompt token on
+# 2 cores (a Python sort of the 262k-token vocabulary each), and every scoring request echoes it.
+PREFIX = "Review sentiment:\n\n"
 SUFFIXES = [
     "Review: a wonderful, moving film.\nSentiment:",
     "Review: boring and far too long.\nSentiment:",
