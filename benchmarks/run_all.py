@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS: dict[str, list[str]] = {
     "accounting": [],
     "calibration_time": [],
+    "import_time": [],
     "engine_throughput": ["--threads", "1"],
     "openai_concurrency": [],
     "ray_scaling": [],
