@@ -6,9 +6,10 @@ Re-exported by :mod:`dp_textgrad.audit.mechanism`, whose docstring describes the
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import dp_accounting
@@ -58,6 +59,37 @@ class _RecordingLedger:
         pass  # the audit states its own (insecure, seeded) noise in its result
 
 
+class _ReplayedVariants:
+    """Generation 0's public variants, built once per audit and replayed in every run.
+
+    They are a function of public inputs only (the seed prompt, the task's public text,
+    the public generator's state) and, with the LLM operators off, call no engine: every
+    run of the audit builds the same ones, at about three quarters of a run's cost.
+    Replaying them and moving the run's public generator to where building them leaves
+    it makes each run the run the library would do (tests/audit/test_audit_l1.py checks
+    equal results with and without).
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[str, ...], tuple[list[Any], dict[str, Any]]] = {}
+
+    def install(self, mutator: Any) -> None:
+        build = mutator.variants
+
+        def variants(seed: Any, n: int, generation: int = 0) -> list[Any]:
+            key = (seed.text, str(n), str(generation), str(mutator.task_description),
+                   repr(mutator.labels), repr(mutator.rng.bit_generator.state))
+            if key not in self._built:
+                self._built[key] = (copy.deepcopy(build(seed, n, generation)), mutator.rng.bit_generator.state)
+            made, public_state = self._built[key]
+            mutator.rng.bit_generator.state = public_state
+            # Fresh candidates: a run adds evaluations to them (text and ids are immutable).
+            return [dataclasses.replace(c, operator_meta=copy.deepcopy(c.operator_meta),
+                                        evaluations=list(c.evaluations)) for c in made]
+
+        mutator.variants = variants
+
+
 def _audit_task(seed_prompt: str, n_background: int, clip_bound: float, trailing: bool = True) -> Any:
     """A tiny task whose per-record score is a table: the canary gives C to the seed prompt.
 
@@ -72,7 +104,7 @@ def _audit_task(seed_prompt: str, n_background: int, clip_bound: float, trailing
     from dp_textgrad.privacy.data import PrivateDataset
     from dp_textgrad.tasks.base import ClassificationTask, Example, RecordOutcomes
 
-    @dataclass
+    @dataclasses.dataclass
     class _TableTask(ClassificationTask):
         favoured: str = seed_prompt
 
@@ -105,7 +137,7 @@ def audit_controller_loop(
     *, epsilon: float = 2.0, delta: float = 1e-5, generations: int = 2, population: int = 3, parents: int = 1,
     selection: Literal["gaussian", "exponential"] = "gaussian", n_background: int = 20, runs: int = 300,
     alpha: float = 0.05, actual_noise_factor: float = 1.0, positive_control: bool = True, seed: int = 0,
-    sampling_rate: float = 1.0, positions: int = 1,
+    sampling_rate: float = 1.0, positions: int = 1, replay_variants: bool = True,
 ) -> MechanismAuditResult:
     """Audit the real DP-ES loop (``EvolutionController``) with the tests-only ScriptedEngine.
 
@@ -121,6 +153,8 @@ def audit_controller_loop(
     background then scores 0 for every candidate and there is no noise-off control
     (ties make it meaningless). The canary stands at each of ``positions`` indices in turn
     (one group of member runs each, Bonferroni over the groups), as in ``audit_scorer``.
+    ``replay_variants``: build generation 0's public variants once and replay them in
+    every run (the same runs, faster; see :class:`_ReplayedVariants`).
     """
     from dp_textgrad._textgrad import import_textgrad
     from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy, EvolutionController
@@ -154,6 +188,7 @@ def audit_controller_loop(
                                   task=make_task(member_positions[0]), engine=engine, **settings)
     config = planner.config
     charged_by_first_run: list[dp_accounting.DpEvent] = []
+    replayed = _ReplayedVariants() if replay_variants else None
 
     def one_run(task: Any, noise_seed: int, noise_off: bool) -> bool:
         variable = tg.Variable(seed_prompt, role_description="system prompt", requires_grad=True)
@@ -162,6 +197,8 @@ def audit_controller_loop(
         # The calibrated plan, reused: only the (insecure, audit-only) noise seed differs per run.
         controller = EvolutionController([variable], task=task, engine=engine, ledger=ledger,  # type: ignore[arg-type]
                                          plan=RunPlan.with_value(run_config, planner.plan.value))
+        if replayed is not None:  # the LLM operators are off (settings): no engine call to skip
+            replayed.install(controller.mutation)
         if noise_off or factor != 1.0:
             replaced = _NoiseOff(noise_seed) if noise_off else _ScaledNoise(noise_seed, factor)
             controller.noise = controller.scorer.noise = replaced

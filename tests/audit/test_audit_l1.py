@@ -105,6 +105,29 @@ def test_whole_controller_loop_survives_the_audit(selection):
     assert result.positive_control_eps_lb >= POSITIVE_CONTROL_FLOOR
 
 
+@pytest.mark.parametrize("settings", [
+    dict(selection="gaussian", generations=2, population=3, runs=120),  # q = 1, positive control, children
+    dict(selection="exponential", generations=2, population=6, runs=120, sampling_rate=0.3, positions=2,
+         n_background=3, positive_control=False),
+])
+def test_replayed_variants_give_the_same_runs_as_building_them(settings, monkeypatch):
+    from dp_textgrad.dp_es.mutation.mutator import Mutator
+
+    built = []
+    real = Mutator.variants
+    monkeypatch.setattr(Mutator, "variants", lambda self, *a, **kw: built.append(1) or real(self, *a, **kw))
+
+    def without_seconds(result):
+        return {k: v for k, v in result.to_dict().items() if k != "seconds"}
+
+    replayed = audit_controller_loop(epsilon=1.0, delta=DELTA, seed=3, replay_variants=True, **settings)
+    builds_when_replayed = len(built)
+    rebuilt = audit_controller_loop(epsilon=1.0, delta=DELTA, seed=3, replay_variants=False, **settings)
+    assert without_seconds(replayed) == without_seconds(rebuilt)
+    runs = len(built) - builds_when_replayed
+    assert runs >= 240 and builds_when_replayed <= 2  # the planner's build, then one per audit
+
+
 def test_bad_inputs_name_the_field():
     with pytest.raises(ValueError, match="runs"):
         audit_exponential(runs=5)
