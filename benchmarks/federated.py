@@ -26,6 +26,10 @@ error of the per-candidate estimates and the regret of the chosen candidate.
     python benchmarks/federated.py --part llm [--grid docs|full] [--seeds 3] [--regime-seeds banking10=1] [--max-minutes 60]
     python benchmarks/federated.py --part simulated
     python benchmarks/federated.py --summarise-only
+    python benchmarks/federated.py --part llm --restore-from benchmarks/results/federated.json ...
+
+The results file keeps every run's row (the released prompt only as a fingerprint), so
+``--restore-from`` continues a grid on another machine without rerunning what is done.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import math
 import os
@@ -121,7 +126,9 @@ def run_llm(args) -> None:
     from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
     work = args.work_dir / "runs.jsonl"
-    done = {(r["regime"], r["alpha"], r["epsilon"], r["config"], r["seed"]) for r in read_runs(work)}
+    if args.restore_from is not None:
+        print(f"{restore_runs(args.restore_from, work)} runs restored from {args.restore_from}", flush=True)
+    done = {run_key(r) for r in read_runs(work)}
     seeds_of = {regime: int(count) for regime, count in (item.split("=") for item in args.regime_seeds.split(",")
                                                          if item)}
     cells = FULL_CELLS if args.grid == "full" else CELLS
@@ -146,10 +153,34 @@ def run_llm(args) -> None:
               flush=True)
 
 
+def run_key(row: dict[str, Any]) -> tuple:
+    return row["regime"], row["alpha"], row["epsilon"], row["config"], row["seed"]
+
+
 def read_runs(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def restore_runs(results: Path, work_file: Path) -> int:
+    """Append the runs of a results file that the work file lacks; returns how many."""
+    from dp_textgrad._io import append_jsonl
+
+    done = {run_key(r) for r in read_runs(work_file)}
+    rows = [r for r in json.loads(results.read_text(encoding="utf-8")).get("runs", []) if run_key(r) not in done]
+    for row in rows:
+        append_jsonl(work_file, row)
+    return len(rows)
+
+
+def public_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A run's row as the results file keeps it: the released prompt only as a fingerprint (smaller file)."""
+    kept = {k: v for k, v in row.items() if k != "released_prompt"}
+    if "released_prompt" in row:
+        kept["released_prompt_sha256"] = hashlib.sha256(row["released_prompt"].encode("utf-8")).hexdigest()[:16]
+        kept["released_prompt_chars"] = len(row["released_prompt"])
+    return kept
 
 
 def t_interval(values: list[float]) -> list[float] | None:
@@ -170,8 +201,15 @@ def summarise_llm(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not runs:
                 continue
             values = [r["test_accuracy"] for r in runs]
+            # Paired by seed: a seed fixes the silos' split and the optimiser's public randomness.
+            central = {r["seed"]: r["test_accuracy"] for r in rows
+                       if (r["regime"], r["alpha"], r["epsilon"], r["config"]) == (regime, alpha, eps, "central")}
+            paired = [r["test_accuracy"] - central[r["seed"]] for r in runs if r["seed"] in central]
             cells.append({"regime": regime, "alpha": alpha, "epsilon": eps, "config": config, "runs": len(runs),
+                          "seeds": sorted(r["seed"] for r in runs),
                           "test_accuracy_mean": float(np.mean(values)), "test_accuracy_ci95": t_interval(values),
+                          "vs_central_mean": float(np.mean(paired)) if paired and config != "central" else None,
+                          "vs_central_ci95": t_interval(paired) if config != "central" else None,
                           "seed_accuracy": runs[0]["seed_accuracy"],
                           "noise_std_estimate": float(np.mean([r["noise_std_estimate"] for r in runs])),
                           "epsilon_spent_max": max(r["epsilon_spent"] for r in runs)})
@@ -296,6 +334,7 @@ def write(args, simulated: dict[str, Any] | None) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "load_average_at_write": os.getloadavg()[0]},
         "silos": SILOS, "records_per_candidate": RECORDS, "schedule": {"generations": 3, "population": 4, "parents": 2},
         "llm": summarise_llm(rows) if rows else previous.get("llm", []),
+        "runs": [public_row(r) for r in rows] if rows else previous.get("runs", []),
         "simulated": simulated if simulated is not None else previous.get("simulated"),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -373,13 +412,16 @@ def markdown_tables(summary: dict[str, Any]) -> str:
     lines = []
     cells = summary.get("llm") or []
     if cells:
-        lines += ["| task | alpha | epsilon | configuration | runs | test accuracy (95% CI) | noise std of an estimate |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| task | alpha | epsilon | configuration | runs | test accuracy (95% CI) | minus central, "
+                  "paired by seed (95% CI) | noise std of an estimate |",
+                  "|---|---|---|---|---|---|---|---|"]
         for c in cells:
-            ci = c["test_accuracy_ci95"]
+            ci, diff, diff_ci = c["test_accuracy_ci95"], c.get("vs_central_mean"), c.get("vs_central_ci95")
             shown = f"{c['test_accuracy_mean']:.3f}" + (f" ({ci[0]:.3f} to {ci[1]:.3f})" if ci else "")
+            versus = "" if diff is None else f"{diff:+.3f}" + (f" ({diff_ci[0]:+.3f} to {diff_ci[1]:+.3f})"
+                                                               if diff_ci else "")
             lines.append(f"| {c['regime']} | {c['alpha']:g} | {c['epsilon']:g} | {c['config']} | {c['runs']} | "
-                         f"{shown} | {c['noise_std_estimate']:.3f} |")
+                         f"{shown} | {versus} | {c['noise_std_estimate']:.3f} |")
         seeds = sorted({(c["regime"], c["seed_accuracy"]) for c in cells})
         lines += ["", "Seed prompt: " + ", ".join(f"{r} {a:.3f}" for r, a in seeds), ""]
     sim = summary.get("simulated")
@@ -412,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--img-dir", type=Path, default=IMG_DIR)
     parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--restore-from", type=Path, default=None,
+                        help="a results file whose runs the work file lacks (continue a grid on another machine)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--summarise-only", action="store_true")
     parser.add_argument("--tables", action="store_true", help="print the docs' tables of --output and stop")

@@ -51,3 +51,34 @@ def test_federated_simulation_smoke() -> None:
         assert rows[(silos, "distributed", "none")]["noise_std_total"] == pytest.approx(central["noise_std_total"])
         assert rows[(silos, "local", "none")]["noise_std_total"] == pytest.approx(central["noise_std_total"] * silos ** 0.5)
     assert 0 < study["noise_multiplier"] and 0.5 < study["utility_mean"] < 1
+
+
+def test_federated_results_keep_each_run_and_pair_placements_by_seed(tmp_path: Path) -> None:
+    """The LLM part's summary: per-run rows survive in the results file (prompt as a fingerprint),
+    a grid continues from them on another machine, and each configuration is compared with
+    `central` seed by seed."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from benchmarks.federated import markdown_tables, public_row, read_runs, restore_runs, summarise_llm
+
+    def row(config: str, seed: int, accuracy: float) -> dict:
+        return {"regime": "sst2", "alpha": 0.3, "epsilon": 4.0, "config": config, "seed": seed,
+                "test_accuracy": accuracy, "seed_accuracy": 0.7, "noise_std_estimate": 0.04, "epsilon_spent": 3.99,
+                "released_prompt": f"Prompt {config} {seed}"}
+
+    rows = [row("central", s, a) for s, a in enumerate((0.80, 0.90, 0.85))]
+    rows += [row("local", s, a) for s, a in enumerate((0.72, 0.83, 0.76))]
+    cells = {c["config"]: c for c in summarise_llm(rows)}
+    assert cells["central"]["vs_central_mean"] is None
+    assert cells["local"]["vs_central_mean"] == pytest.approx(-0.08)  # mean of -0.08, -0.07, -0.09
+    low, high = cells["local"]["vs_central_ci95"]
+    assert low < -0.08 < high < 0  # paired: the seed-to-seed spread cancels
+    assert "-0.080" in markdown_tables({"llm": list(cells.values())})
+
+    kept = public_row(rows[0])
+    assert "released_prompt" not in kept and len(kept["released_prompt_sha256"]) == 16
+    results = tmp_path / "federated.json"
+    results.write_text(json.dumps({"runs": [public_row(r) for r in rows]}), encoding="utf-8")
+    work = tmp_path / "work" / "runs.jsonl"
+    assert restore_runs(results, work) == 6
+    assert restore_runs(results, work) == 0  # nothing twice
+    assert [r["test_accuracy"] for r in read_runs(work)] == [r["test_accuracy"] for r in rows]
