@@ -1,10 +1,9 @@
-"""Command line: ``dp-textgrad demo | optimize | budget | report``.
+"""Command line: ``dp-textgrad demo | optimize | budget | report | ledger | audit | federated...``.
 
-Errors are one clear line (``dp-textgrad --debug ...`` shows the traceback). Exit codes:
-0 success, 3 a prompt was released after an early stop (budget exhausted or a callback;
-the console and ``result.json`` say why), 1 run failure (engine errors, nothing could be
-released), 2 bad input or configuration (nothing charged), 130 interrupted (the run stops after a clean checkpoint; resume it with
-``dp-textgrad optimize --resume RUN_DIR``).
+Errors are one clear line (``dp-textgrad --debug ...`` shows the traceback). Exit codes: 0 success,
+3 a prompt was released after an early stop (budget exhausted or a callback; the console and
+``result.json`` say why), 1 run failure (engine errors, nothing could be released), 2 bad input or
+configuration (nothing charged), 130 interrupted (clean checkpoint; ``dp-textgrad optimize --resume RUN_DIR``).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ _state: dict[str, bool] = {"debug": False}
 
 def _mount_commands() -> None:
     from dp_textgrad.audit.cli import audit_app
-    from dp_textgrad.cli_federated import federated, federated_split
+    from dp_textgrad.cli_federated import federated, federated_app, federated_split
     from dp_textgrad.cli_ledger import ledger
     from dp_textgrad.cli_report import report
 
@@ -64,7 +63,8 @@ def _mount_commands() -> None:
     app.command()(ledger)
     app.command()(report)
     app.command()(federated)
-    app.command("federated-split")(federated_split)
+    for name, command in (("federated-split", federated_split), ("federated-app", federated_app)):
+        app.command(name)(command)
 
 
 _mount_commands()

@@ -135,11 +135,40 @@ def federated_split(
                 writer = csv.writer(handle)
                 writer.writerow(["text", "label"])
                 writer.writerows([records[int(j)].text, records[int(j)].label] for j in part)
-            lines += [f"    - name: {name}", f"      train: {name}.csv"]
+            # The silo's size, declared public (as every run treats it): a deployment needs it.
+            lines += [f"    - name: {name}", f"      train: {name}.csv", f"      size: {len(part)}"]
         (out / "silos.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
         mix = label_mix([r.label for r in records], parts, the_task.labels)
         cli.console.print(f"{silos} silos of {task} (alpha {alpha:g}) in {out}: sizes {[len(p) for p in parts]}; "
                           f"largest label share per silo {np.round(mix.max(axis=1), 2).tolist()}", soft_wrap=True,
                           highlight=False)
+
+    cli._guarded(action, lambda: None)
+
+
+def federated_app(
+    silos: Path = typer.Option(..., "--silos", "-s", help="the federation's settings (every silo listed with its "
+                                                          "name, train file and declared size)"),
+    out: Path = typer.Option(Path("federation-app"), help="new directory for the Flower App"),
+    runs_root: Path = typer.Option(Path("runs"), help="where the coordinator writes its run directories (on the "
+                                                      "SuperLink's machine)"),
+) -> None:
+    """Write the Flower App that runs this federation across machines with `flwr run` (docs/federated.md)."""
+    from dp_textgrad import cli
+
+    def action() -> None:
+        from dp_textgrad.federated.config import load_federated_settings
+        from dp_textgrad.federated.deploy import write_app
+
+        app_dir = write_app(silos, out, runs_root)
+        names = [s.name for s in load_federated_settings(silos).federation.silos or []]
+        cli.console.print(f"Flower App written to {app_dir}. At each organisation, next to its data and with its "
+                          "copy of the settings file:", soft_wrap=True, markup=False, highlight=False)
+        for name in names:
+            cli.console.print(f"  flower-supernode --superlink LINK_HOST:9091 --node-config "
+                              f"'settings=\"{Path(silos).name}\" silo=\"{name}\"' ...", soft_wrap=True, markup=False,
+                              highlight=False)
+        cli.console.print(f"Then: flwr run {app_dir} CONNECTION --stream (a SuperLink connection in "
+                          "$FLWR_HOME/config.toml)", soft_wrap=True, markup=False, highlight=False)
 
     cli._guarded(action, lambda: None)

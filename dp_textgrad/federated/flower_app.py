@@ -66,8 +66,14 @@ def _save_state(context: Any, state: SiloState) -> None:
     context.state[_STATE_KEY + "_arrays"] = ArrayRecord(held)
 
 
-def make_client_app(build_silo: SiloBuilder) -> Any:
-    """The silos' ClientApp: SuperNode ``partition-id`` i is silo i, built once per worker process."""
+def partition_id(context: Any) -> int:
+    """A simulated SuperNode's silo: Flower's ``partition-id`` node setting."""
+    return int(context.node_config["partition-id"])
+
+
+def make_client_app(build_silo: SiloBuilder, locate: Callable[[Any], int] = partition_id) -> Any:
+    """The silos' ClientApp: the SuperNode that ``locate`` maps to index i is silo i, built once per
+    worker process (simulation: ``partition-id``; deployment: :mod:`dp_textgrad.federated.deploy`)."""
     import flwr.compat.common.recorddict_compat as compat
     from flwr.app import Message
     from flwr.client.mod import secaggplus_mod
@@ -79,7 +85,7 @@ def make_client_app(build_silo: SiloBuilder) -> Any:
 
     @app.query()
     def answer(message: Any, context: Any) -> Any:
-        index = int(context.node_config["partition-id"])
+        index = locate(context)
         request = decode(message.content)
         if request.get("kind") == "who":  # the coordinator maps node ids to silos at start-up
             return Message(encode({"partition": index}), reply_to=message)
@@ -98,7 +104,7 @@ def make_client_app(build_silo: SiloBuilder) -> Any:
     @app.train(mods=[secaggplus_mod])
     def contribute(message: Any, context: Any) -> Any:
         """A secure-sum round (docs/federated.md): the silo's noised reply goes masked into SecAgg+."""
-        index = int(context.node_config["partition-id"])
+        index = locate(context)
         request = json.loads(str(compat.recorddict_to_fitins(message.content, keep_input=True).config["request"]))
         key = request.pop("sum_of")
         state = _load_state(context)
@@ -142,7 +148,10 @@ class FlowerGrid:
         for reply in self.grid.send_and_receive(probes, timeout=self.timeout):
             if reply.has_error():
                 raise RuntimeError("silos: a Flower node failed to start")
-            order[int(decode(reply.content)["partition"])] = int(reply.metadata.src_node_id)
+            partition = int(decode(reply.content)["partition"])
+            if partition in order:  # e.g. two SuperNodes started with the same silo name
+                raise RuntimeError(f"silos: two Flower nodes serve silo {partition}; start one SuperNode per silo")
+            order[partition] = int(reply.metadata.src_node_id)
         if sorted(order) != list(range(silos)):
             raise RuntimeError(f"silos: Flower nodes report partitions {sorted(order)}, expected 0..{silos - 1}")
         return [order[i] for i in range(silos)]
@@ -217,4 +226,4 @@ def run_flower_simulation(build_silo: SiloBuilder, silos: int, coordinate: Calla
     return outcome["value"]
 
 
-__all__ = ["FlowerGrid", "decode", "encode", "make_client_app", "run_flower_simulation"]
+__all__ = ["FlowerGrid", "decode", "encode", "make_client_app", "partition_id", "run_flower_simulation"]

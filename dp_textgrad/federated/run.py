@@ -125,36 +125,68 @@ def saved_settings(run_dir: Path) -> FederatedSettings:
 def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory | None = None,
                   task: Any = None, progress: Callable[[GenerationReport], None] | None = None,
                   run_dir: Path | None = None, resume: bool = False) -> FederatedOutcome:
-    """Run one federated DP-ES optimisation (or, with ``resume``, continue the one in ``run_dir``);
-    ``engine_factory`` and ``task`` default to the settings'."""
+    """Run one federated DP-ES optimisation on this machine (or, with ``resume``, continue the one
+    in ``run_dir``): silos in process or as a Flower simulation; ``engine_factory`` and ``task``
+    default to the settings'."""
     import functools
 
-    from dp_textgrad import cli, workflow
-    from dp_textgrad.lifetime import LifetimeOptions
+    from dp_textgrad import cli
 
-    started = time.perf_counter()
     federation = settings.federation
     task = task if task is not None else cli.build_task(settings.task)
     engine_factory = engine_factory or functools.partial(cli.make_engine, settings.engine)
     names, records, caps = silo_records(settings, task)
     declared = [s.size for s in federation.silos] if federation.silos is not None else [None] * len(records)
     sizes = [d if d is not None else len(r) for d, r in zip(declared, records)]
-    # Each silo's size is declared public (the single machine's N is, too): N is their sum.
-    shell = dataclasses.replace(task, private_train=RemoteRecords(sum(sizes)))
-    config = settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved(sum(sizes))
+    config = resolved_config(settings, sizes)
     if resume and run_dir is None:
         raise ValueError("resume: name the run directory to continue")
     run_dir = Path(run_dir) if run_dir is not None else runs.new_run_dir(settings.output.runs_root, prefix="federated")
+    accounts = Path(federation.silo_accounts) if federation.silo_accounts is not None else run_dir / ACCOUNTS_DIR
+    builder = SiloBuilder(public_task(task, sizes), names, records, engine_factory, federation.placement,
+                          federation.jse == "silo", caps, float(config.delta), config.max_record_tokens,
+                          config.long_records, config.insecure_noise_seed, sizes, accounts)
+
+    def transport(coordinate: Callable[[Any], Any]) -> Any:
+        if federation.transport == "in_process":
+            return coordinate(InProcessSilos([builder(i) for i in range(len(sizes))]))
+        from dp_textgrad.federated.flower_app import run_flower_simulation
+
+        return run_flower_simulation(builder, len(sizes), coordinate, cpus_per_silo=federation.cpus_per_silo)
+
+    return coordinate_federated(settings, names, sizes, transport, engine_factory=engine_factory, task=task,
+                                progress=progress, run_dir=run_dir, resume=resume)
+
+
+def resolved_config(settings: FederatedSettings, sizes: list[int]) -> Any:
+    """The run's DP-ES settings with N the sum of the silos' public sizes (delta follows from it)."""
+    return settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved(sum(sizes))
+
+
+def public_task(task: Any, sizes: list[int]) -> Any:
+    """``task`` without records: each silo's size is declared public (as N is on a single machine)."""
+    return dataclasses.replace(task, private_train=RemoteRecords(sum(sizes)))
+
+
+def coordinate_federated(settings: FederatedSettings, names: list[str], sizes: list[int],
+                         transport: Callable[[Callable[[Any], Any]], Any], *, engine_factory: EngineFactory,
+                         task: Any, run_dir: Path, progress: Callable[[GenerationReport], None] | None = None,
+                         resume: bool = False) -> FederatedOutcome:
+    """The coordinator's side of a run: the DP-ES loop over ``transport`` (which calls ``coordinate``
+    with a silo transport), then ``federation.json``. It holds the silos' names and public sizes only."""
+    from dp_textgrad import workflow
+    from dp_textgrad.lifetime import LifetimeOptions
+
+    started = time.perf_counter()
+    federation = settings.federation
+    shell = public_task(task, sizes)
+    config = resolved_config(settings, sizes)
     if not resume:
         runs.write_json(run_dir / SETTINGS_NAME, settings.model_dump(mode="json"))
-    accounts = Path(federation.silo_accounts) if federation.silo_accounts is not None else run_dir / ACCOUNTS_DIR
-    builder = SiloBuilder(shell, names, records, engine_factory, federation.placement, federation.jse == "silo",
-                          caps, float(config.delta), config.max_record_tokens, config.long_records,
-                          config.insecure_noise_seed, sizes, accounts)
     engine = engine_factory()
 
-    def coordinate(transport: Any) -> Any:
-        backend = FederatedScoring(transport, sizes, federation.placement, federation.jse, federation.control_variate,
+    def coordinate(silos: Any) -> Any:
+        backend = FederatedScoring(silos, sizes, federation.placement, federation.jse, federation.control_variate,
                                    federation.secure_aggregation)
         # The lifetime store keys a dataset by its records, which the coordinator never holds: each
         # silo keeps its own account instead (max_epsilon, silo_accounts; docs/federated.md).
@@ -163,12 +195,7 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
                             engine_name=settings.engine.kind, lifetime=LifetimeOptions(enabled=False),
                             scoring=lambda *_: backend, resume=resume)
 
-    if federation.transport == "in_process":
-        outcome = coordinate(InProcessSilos([builder(i) for i in range(len(sizes))]))
-    else:
-        from dp_textgrad.federated.flower_app import run_flower_simulation
-
-        outcome = run_flower_simulation(builder, len(sizes), coordinate, cpus_per_silo=federation.cpus_per_silo)
+    outcome = transport(coordinate)
     promised = guarantees(federation.placement, len(sizes), outcome.optimizer.ledger.events, float(config.delta),
                           _smallest_bound, federation.secure_aggregation)
     seconds = time.perf_counter() - started
@@ -191,4 +218,5 @@ def _smallest_bound(events: list[Any], delta: float) -> float:
     return smallest_bound(events, delta)
 
 
-__all__ = ["FederatedOutcome", "SiloBuilder", "account_file", "run_federated", "saved_settings", "silo_records"]
+__all__ = ["FederatedOutcome", "SiloBuilder", "account_file", "coordinate_federated", "public_task", "resolved_config",
+           "run_federated", "saved_settings", "silo_records"]
