@@ -8,10 +8,12 @@ Flower run without the messaging). The private pool is split over 10 silos by Di
 label skew (alpha 0.3: skewed, 10: near IID); each run releases one prompt, whose test
 accuracy is measured on the public test split (outside the guarantee). The schedule is
 the privacy-utility benchmark's (3 generations x 4 candidates, about 24 records per
-candidate per generation, delta = min(1e-5, 1/(10 N))). ``central`` is, in distribution,
-the pooled single-machine run at the same epsilon: the same charged events, the union of
-the silos' Poisson samples is a Poisson sample of the pool, and the noise is added once
-to the total (tests/federated/test_federated_runs.py checks the events).
+candidate per generation, delta = min(1e-5, 1/(10 N))). ``pooled`` is the single-machine run on
+the pooled records at the same epsilon (run once per task, epsilon and seed: the split
+does not touch it); ``central`` is the same mechanism in distribution (the same charged
+events, the union of the silos' Poisson samples is a Poisson sample of the pool, the
+noise added once to the total; tests/federated/test_federated_runs.py checks the events).
+Each configuration is also compared with ``central`` seed by seed (a seed fixes the split).
 Runs are appended to ``<work-dir>/runs.jsonl`` and the grid resumes where it stopped.
 BANKING77 (10 intents) runs take about three minutes each on 2 cores (against about 40 s
 for SST-2), so by default it gets one seed (``--regime-seeds``).
@@ -23,7 +25,7 @@ pool of 100,000 records, one selection round of K candidates is simulated many t
 per placement and estimator: the noise std on the pooled estimate, the mean squared
 error of the per-candidate estimates and the regret of the chosen candidate.
 
-    python benchmarks/federated.py --part llm [--grid docs|full] [--seeds 3] [--regime-seeds banking10=1] [--max-minutes 60]
+    python benchmarks/federated.py --part llm [--grid docs|full] [--seeds 3] [--regime-seeds banking10=1] [--configs pooled,central] [--max-minutes 60]
     python benchmarks/federated.py --part simulated
     python benchmarks/federated.py --summarise-only
     python benchmarks/federated.py --part llm --restore-from benchmarks/results/federated.json ...
@@ -57,6 +59,7 @@ IMG_DIR = REPO / "docs" / "img"
 SILOS = 10
 RECORDS = 24  # expected private records per candidate per generation (as privacy_utility.py)
 CONFIGS: dict[str, dict[str, Any]] = {
+    "pooled": {"placement": None},  # the single-machine run on the pooled records (no silos; alpha moot)
     "central": {"placement": "central"},
     "distributed": {"placement": "distributed"},
     "local": {"placement": "local"},
@@ -93,19 +96,22 @@ def one_run(task, engine, regime: str, alpha: float, epsilon: float, config: str
     options = dict(CONFIGS[config])
     placement = options.pop("placement")
     records = [r.unwrap() for r in task.private_train]
-    parts = dirichlet_label_split([r.label for r in records], SILOS, alpha, np.random.default_rng(seed), min_records=5)
-    silos = [Silo.build(f"silo-{i}", dataclasses.replace(task, private_train=PrivateDataset([records[j] for j in p])),
-                        engine, placement, SILOS, max_record_tokens=256, shrink=options.get("shrinkage") == "silo")
-             for i, p in enumerate(parts)]
-    backend = FederatedScoring(InProcessSilos(silos), [s.size for s in silos], placement, **options)
     n = len(records)
-    coordinator_task = dataclasses.replace(task, private_train=RemoteRecords(n))
+    parts = dirichlet_label_split([r.label for r in records], SILOS, alpha, np.random.default_rng(seed), min_records=5)
+    if placement is None:  # pooled: the single-machine optimiser reads the records itself
+        coordinator_task, scoring = task, None
+    else:
+        silos = [Silo.build(f"silo-{i}", dataclasses.replace(task, private_train=PrivateDataset([records[j] for j in p])),
+                            engine, placement, SILOS, max_record_tokens=256, shrink=options.get("shrinkage") == "silo")
+                 for i, p in enumerate(parts)]
+        backend = FederatedScoring(InProcessSilos(silos), [s.size for s in silos], placement, **options)
+        coordinator_task, scoring = dataclasses.replace(task, private_train=RemoteRecords(n)), lambda *_: backend
     tg = import_textgrad()
     prompt = tg.Variable(task.seed_prompt, role_description="instruction prompt for the classifier", requires_grad=True)
     started = time.perf_counter()
-    optimizer = DPEvolutionStrategy([prompt], task=coordinator_task, engine=engine, scoring=lambda *_: backend,
+    optimizer = DPEvolutionStrategy([prompt], task=coordinator_task, engine=engine, scoring=scoring,
                                     epsilon=epsilon, generations=3, population=4, parents=2,
-                                    sampling_rate=min(1.0, RECORDS / n), seed=seed)
+                                    sampling_rate=min(1.0, RECORDS / n), max_record_tokens=256, seed=seed)
     result = optimizer.run()
     if result.prompt not in accuracy:
         accuracy[result.prompt] = task.accuracy(engine, result.prompt)
@@ -116,7 +122,7 @@ def one_run(task, engine, regime: str, alpha: float, epsilon: float, config: str
             "placement": placement, "epsilon_spent": float(result.epsilon), "delta": float(optimizer.config.delta),
             "noise_multiplier": optimizer.noise_multiplier, "test_accuracy": accuracy[result.prompt],
             "seed_accuracy": accuracy[task.seed_prompt], "n_test": len(task.test),
-            "largest_label_share": float(mix.max(axis=1).mean()),
+            "largest_label_share": None if placement is None else float(mix.max(axis=1).mean()),
             "noise_std_estimate": float(result.history[0].noise_std_estimate),
             "released_prompt": result.prompt, "seconds": time.perf_counter() - started}
 
@@ -132,9 +138,16 @@ def run_llm(args) -> None:
     seeds_of = {regime: int(count) for regime, count in (item.split("=") for item in args.regime_seeds.split(",")
                                                          if item)}
     cells = FULL_CELLS if args.grid == "full" else CELLS
+    wanted = [c for c in args.configs.split(",") if c] if args.configs else list(CONFIGS)
+    unknown = sorted(set(wanted) - set(CONFIGS))
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown}; choose from {sorted(CONFIGS)}")
     jobs = [(regime, alpha, eps, config, seed) for seed in range(args.seeds) for regime, alpha, eps in cells
-            for config in CONFIGS
-            if (regime, alpha, eps, config, seed) not in done and seed < seeds_of.get(regime, args.seeds)]
+            for config in wanted
+            if (regime, alpha, eps, config, seed) not in done and seed < seeds_of.get(regime, args.seeds)
+            # the pooled run does not depend on the split: once per task, epsilon and seed
+            and not (config == "pooled" and (regime, eps, seed) in {(r, e, s) for r, _, e, c, s in done if c == config})
+            and not (config == "pooled" and alpha != min(a for r, a, e in cells if (r, e) == (regime, eps)))]
     print(f"{len(done)} runs in {work}; {len(jobs)} to do; load {os.getloadavg()[0]:.2f}", flush=True)
     engine = LlamaCppEngine(n_threads=args.threads)
     tasks: dict[str, Any] = {}
@@ -197,7 +210,8 @@ def summarise_llm(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cells = []
     for regime, alpha, eps in CELLS + [c for c in FULL_CELLS if c not in CELLS]:
         for config in CONFIGS:
-            runs = [r for r in rows if (r["regime"], r["alpha"], r["epsilon"], r["config"]) == (regime, alpha, eps, config)]
+            runs = [r for r in rows if (r["regime"], r["epsilon"], r["config"]) == (regime, eps, config)
+                    and (config == "pooled" or r["alpha"] == alpha)]  # one pooled run serves every split
             if not runs:
                 continue
             values = [r["test_accuracy"] for r in runs]
@@ -454,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--img-dir", type=Path, default=IMG_DIR)
     parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--configs", default=None, help=f"comma-separated subset of {','.join(CONFIGS)}")
     parser.add_argument("--restore-from", type=Path, default=None,
                         help="a results file whose runs the work file lacks (continue a grid on another machine)")
     parser.add_argument("--no-plots", action="store_true")

@@ -74,6 +74,13 @@ def test_federated_results_keep_each_run_and_pair_placements_by_seed(tmp_path: P
     assert low < -0.08 < high < 0  # paired: the seed-to-seed spread cancels
     assert "-0.080" in markdown_tables({"llm": list(cells.values())})
 
+    # The pooled single-machine run does not depend on the split: one run serves both alphas.
+    pooled = [dict(row("pooled", s, a), alpha=None) for s, a in enumerate((0.81, 0.88, 0.86))]
+    near_iid = [dict(r, alpha=10.0) for r in rows]
+    by_cell = {(c["alpha"], c["config"]): c for c in summarise_llm(rows + near_iid + pooled)}
+    assert by_cell[(0.3, "pooled")]["runs"] == by_cell[(10.0, "pooled")]["runs"] == 3
+    assert by_cell[(10.0, "pooled")]["vs_central_mean"] == pytest.approx(0.0)  # +0.01, -0.02, +0.01
+
     kept = public_row(rows[0])
     assert "released_prompt" not in kept and len(kept["released_prompt_sha256"]) == 16
     results = tmp_path / "federated.json"
