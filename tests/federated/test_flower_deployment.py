@@ -38,14 +38,15 @@ def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 90.0) -
     raise AssertionError(f"the SuperLink did not open port {port} within {seconds:g} s")
 
 
-def federation_files(tmp_path: Path) -> Path:
-    """Two silo files of the support task and their settings (local noise, one short generation)."""
+def federation_files(tmp_path: Path, placement: str, secure_aggregation: bool) -> Path:
+    """Two silo files of the support task and their settings (one short generation)."""
     silos = tmp_path / "silos"
     split = runner.invoke(cli.app, ["federated-split", "--task", "support", "--silos", "2", "--alpha", "1",
                                     "--out", str(silos)])
     assert split.exit_code == 0, split.output
     path = silos / "silos.yaml"
-    text = path.read_text(encoding="utf-8").replace("placement: central", "placement: local")
+    text = path.read_text(encoding="utf-8").replace(
+        "placement: central", f"placement: {placement}\n  secure_aggregation: {str(secure_aggregation).lower()}")
     path.write_text(text + "dp: {epsilon: 2.0, generations: 1, population: 3, sampling_rate: 0.5}\n"
                            "output: {evaluate: false}\n", encoding="utf-8")
     return path
@@ -65,12 +66,14 @@ def test_federated_app_refuses_what_a_deployment_cannot_do(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_a_deployment_runs_over_a_superlink_and_one_supernode_per_silo(tmp_path) -> None:
+@pytest.mark.parametrize("placement, secure", [("local", False), ("distributed", True)],
+                         ids=["local", "distributed-secagg"])
+def test_a_deployment_runs_over_a_superlink_and_one_supernode_per_silo(tmp_path, placement, secure) -> None:
     pytest.importorskip("flwr", reason="needs the [federated] extra: pip install 'dp-textgrad[federated]'")
     tools = {name: shutil.which(name) for name in ("flower-superlink", "flower-supernode", "flwr")}
     if not all(tools.values()):
         pytest.skip(f"Flower's command-line tools are not on PATH: {tools}")
-    settings = federation_files(tmp_path)
+    settings = federation_files(tmp_path, placement, secure)
     app, runs_root = tmp_path / "app", tmp_path / "runs"
     made = runner.invoke(cli.app, ["federated-app", "--silos", str(settings), "--out", str(app),
                                    "--runs-root", str(runs_root)])
@@ -120,7 +123,8 @@ def test_a_deployment_runs_over_a_superlink_and_one_supernode_per_silo(tmp_path)
     run_dirs = list(runs_root.glob("federated-*"))
     assert len(run_dirs) == 1, shown[-4000:]
     federation = json.loads((run_dirs[0] / "federation.json").read_text())
-    assert federation["silo_names"] == ["silo-1", "silo-2"] and federation["placement"] == "local"
+    assert federation["silo_names"] == ["silo-1", "silo-2"] and federation["placement"] == placement
+    assert federation["secure_aggregation"] is secure
     assert federation["guarantees"][0]["epsilon"] <= 2.0 + 1e-6
     assert (run_dirs[0] / "released_prompt.txt").read_text().strip()
     # Each silo kept its own account beside its settings file, one answered event per request kind.
