@@ -88,6 +88,9 @@ def test_a_deployment_runs_over_a_superlink_and_one_supernode_per_silo(tmp_path,
         '"federation.yaml")', '"federation.yaml", engine_factory=support_engine)').replace(
         "client_app()", "client_app(engine_factory=support_engine)"), encoding="utf-8")
 
+    # A data file left in the app's directory, of a kind Flower bundles by default (*.jsonl):
+    # the app's fab-include must keep it out of what travels to the SuperLink.
+    (app / "notes.jsonl").write_text('{"text": "a record that must stay here"}\n', encoding="utf-8")
     home, link = tmp_path / "flwr-home", free_port()
     home.mkdir()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "here"\n\n[superlink.here]\n'
@@ -131,9 +134,10 @@ def test_a_deployment_runs_over_a_superlink_and_one_supernode_per_silo(tmp_path,
     accounts = sorted((settings.parent / "silo_accounts").glob("*.json"))
     assert [a.name for a in accounts] == ["001-silo-1.json", "002-silo-2.json"]
     assert all(json.loads(a.read_text())["events"] for a in accounts)
-    # Only the app's two files travelled to the SuperLink: no silo file, and no record in any output.
+    # Only the app's two files travelled to the SuperLink (and Flower's own manifest files).
     shipped = {p.name for p in (home / "apps").rglob("*") if p.is_file()}
-    assert not any(name.endswith(".csv") for name in shipped), shipped
+    assert {"dp_textgrad_federation.py", "federation.yaml"} <= shipped and "notes.jsonl" not in shipped, shipped
+    # No record of a silo in any process's output.
     import csv
 
     with (settings.parent / "silo-1.csv").open(encoding="utf-8") as handle:
