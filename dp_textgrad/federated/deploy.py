@@ -13,7 +13,8 @@ keeps its own account (``federation.silo_accounts``, else ``silo_accounts/`` bes
 settings file). The coordinator's ServerApp runs at the SuperLink from a Flower App that
 :func:`write_app` makes (``dp-textgrad federated-app``): it holds a copy of the settings and
 reads the silos' names and declared sizes, never their files. ``flwr run APP CONNECTION``
-starts a run; the run directory appears under ``run-dir`` on the SuperLink's machine.
+starts a run; its run directory appears under the run config's ``runs-root`` on the
+SuperLink's machine.
 """
 
 from __future__ import annotations
