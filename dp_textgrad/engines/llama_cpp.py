@@ -13,15 +13,21 @@ record's own tokens:
    candidate) decodes each one once;
 2. per suffix: truncate the KV cache back to the prefix (``llama_memory_seq_rm``),
    decode only the suffix tokens, and read the logits of the LAST position only;
-3. first token of every choice: log-softmax of that one row; multi-token choices: decode
-   the choice's tokens (all but the last) after the suffix, asking logits for those
-   positions, and add the log-probs of the remaining tokens.
+3. first token of every choice: log-softmax of that one row; multi-token choices: each
+   gets a KV sequence of its own that shares the cells of prefix + suffix, and all
+   their tokens (all but each choice's last) go through together in one decode (more
+   when there are over 15 such choices or 32 tokens), asking logits for every position;
+   the log-probs of the remaining tokens are added.
 
-A prefix is always decoded from position 0 in the same chunks and a suffix always in
-one decode after it, so results do not depend on earlier calls: llama.cpp's float
-results depend on how tokens are split into decodes (up to ~0.2 nats on a label
-log-prob for Gemma 3 270M Q4_K_M, against one decode of the whole text), while the
-reused, truncated cache gives the same numbers as a fresh cache with the same split.
+Scoring has a llama.cpp context of its own (with the generation context's settings,
+room for 16 sequences sharing its cells): generation does not disturb its cache.
+
+A prefix is always decoded from position 0 in the same chunks, a suffix always in one
+decode after it and the choices' continuations in the same groups, so results do not
+depend on earlier calls: llama.cpp's float results depend on how tokens are split into
+decodes (up to ~0.3 nats on a label log-prob for Gemma 3 270M Q4_K_M, against one
+decode of the whole text or one decode per choice), while the reused, truncated cache
+gives the same numbers as a fresh cache with the same split.
 
 Tokenization at the boundaries (documented choice): the prefix is tokenized with
 BOS, each suffix and each choice without BOS, separately. Segment boundaries are
@@ -29,7 +35,7 @@ therefore always token boundaries, so the result equals scoring the concatenated
 text when the concatenation tokenizes the same way (true for the usual
 "...Label:" + " positive" templates; not if a boundary splits a word).
 
-Gemma 3 uses sliding-window attention; the context is created with a full-size SWA
+Gemma 3 uses sliding-window attention; the contexts are created with a full-size SWA
 cache so that truncating the cache back to the prefix never loses entries the next
 suffix needs.
 
@@ -62,6 +68,12 @@ from dp_textgrad.engines.llama_support import (
 from dp_textgrad.engines.model_files import default_model_path, import_local_module
 
 _TOP_ALTERNATIVES = 5
+
+
+def _free_context(lib, ctx, llm) -> None:
+    """Free the scoring context; holding ``llm`` keeps its model alive until then."""
+    del llm
+    lib.llama_free(ctx)
 
 
 class LlamaCppEngine(LlamaPlumbing, Engine):
@@ -143,6 +155,10 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         self._n_batch = n_batch
         self._batch = self._lib.llama_batch_init(n_batch, 0, 1)
         self._free_batch = weakref.finalize(self, self._lib.llama_batch_free, self._batch)
+        # Scoring runs in a context of its own, with room for one sequence per choice
+        # (see _continuations); generation keeps llama-cpp-python's context.
+        self._ctx = self._open_scoring_context(n_ctx=self._n_ctx, n_batch=n_batch, n_threads=self.n_threads)
+        self._free_ctx = weakref.finalize(self, _free_context, self._lib, self._ctx, self._llm)
         # Tokens whose keys/values sit in sequence 0 of the KV cache, in position order,
         # and which canonical prefix / suffix they start with (see _enter_prefix).
         self._saved_prefixes = SavedPrefixes(saved_prefix_bytes)
@@ -158,6 +174,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                 self._closed = True
                 self._saved_prefixes.clear()
                 self._free_batch()
+                self._free_ctx()  # before the model it belongs to
                 self._llm.close()
 
     @property
@@ -215,8 +232,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                     f"prompt has {len(ids)} tokens but the context holds {self._n_ctx}; raise n_ctx or shorten the prompt"
                 )
             budget = min(max_tokens, self._n_ctx - len(ids))
-            # Generation takes over the context; the scoring KV state is rebuilt afterwards.
-            self._forget_kv()
+            # Generation has llama-cpp-python's context to itself; scoring's is untouched.
             self._llm.reset()
             try:
                 result = self._llm.create_completion(
@@ -224,8 +240,6 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                 )
             except (RuntimeError, ValueError) as exc:
                 raise EngineError(f"llama.cpp generation failed: {type(exc).__name__}") from exc
-            finally:
-                self._forget_kv()
             output = result["choices"][0]["text"]
             completion_tokens = int(result["usage"]["completion_tokens"])
         self._count(prompt_tokens=len(ids), completion_tokens=completion_tokens, seconds=timer["seconds"])
@@ -252,25 +266,11 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                     continue
                 suffix_ids = tuple(self._tokenize(suffix, False))
                 row_scores = _pick_logprobs(self._position_at(prefix_ids, suffix_ids), first_ids)
-                for j, ids in enumerate(choice_ids):
-                    if len(ids) > 1:
-                        self._rewind_to(prefix_ids, suffix_ids)
-                        row_scores[j] += self._continuation_logprob(ids)
+                row_scores += self._continuations(choice_ids)
                 scores[i] = done[suffix] = row_scores
             decoded = self.kv_stats.tokens_decoded - decoded_before
         self._count(prompt_tokens=decoded, seconds=timer["seconds"])
         return scores
-
-    def _continuation_logprob(self, choice_ids: list[int]) -> float:
-        """Sum of log p(choice_ids[k] | ..., choice_ids[k-1]) for k >= 1 (KV at the choice start)."""
-        total = 0.0
-
-        def add(k: int, row: np.ndarray) -> None:
-            nonlocal total
-            total += float(_pick_logprobs(row, np.array([choice_ids[k + 1]]))[0])
-
-        self._decode(choice_ids[:-1], on_row=add)
-        return total
 
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
         with self._lock, self._timed() as timer:

@@ -127,7 +127,7 @@ def test_prefix_reuse_matches_from_scratch_evaluation(llama_engine: LlamaCppEngi
 @pytest.mark.slow
 def test_prefix_is_decoded_once_and_reused_across_calls(llama_engine: LlamaCppEngine) -> None:
     engine = llama_engine
-    engine.generate("Reset the cache:", max_tokens=1)  # generation takes over the context
+    engine.score_choices_batch("Another prompt.\n\n", SUFFIXES[:1], CHOICES)  # the cache holds another prefix
     prefix_len = len(engine.tokenize(PREFIX, bos=True))
     suffix_lens = [len(engine.tokenize(s, bos=False)) for s in SUFFIXES]
     before = engine.kv_stats.tokens_decoded
@@ -140,6 +140,10 @@ def test_prefix_is_decoded_once_and_reused_across_calls(llama_engine: LlamaCppEn
     assert engine.kv_stats.tokens_decoded - before == sum(suffix_lens)
     np.testing.assert_array_equal(again[:3], first)
     np.testing.assert_array_equal(again[3], first[0])
+    engine.generate("Generation has a context of its own:", max_tokens=2)
+    before = engine.kv_stats.tokens_decoded
+    np.testing.assert_array_equal(engine.score_choices_batch(PREFIX, SUFFIXES, CHOICES), first)
+    assert engine.kv_stats.tokens_decoded - before == sum(suffix_lens)  # the prefix survived generation
 
 
 @pytest.mark.slow
@@ -156,7 +160,6 @@ def test_alternating_long_prefixes_are_restored_with_the_same_numbers(llama_engi
     before = engine.kv_stats.tokens_decoded
     a_again = engine.score_choices_batch(first, SUFFIXES, choices)
     assert engine.kv_stats.tokens_decoded - before == suffix_and_choice_tokens  # the prefix was not decoded
-    engine.generate("Reset the cache:", max_tokens=1)  # generation takes over the context
     b_again = engine.score_choices_batch(second, SUFFIXES, choices)
     np.testing.assert_array_equal(a_again, a)
     np.testing.assert_array_equal(b_again, b)
@@ -202,11 +205,30 @@ def test_multi_token_choices_add_continuation_logprobs(llama_engine: LlamaCppEng
             per_token = engine.token_logprobs(choice, PREFIX + suffix)
             # Full-context evaluation differs only by batch-split noise...
             np.testing.assert_allclose(score, per_token.logprobs.sum(), atol=0.5)
-        # ...and scoring the full context as one prefix matches token_logprobs exactly.
-        full = engine.score_choices(PREFIX + suffix, choices)
+        # ...and a choice scored alone after the full context as one prefix matches
+        # token_logprobs exactly (the same decodes); the multi-token choices scored
+        # together share one decode, which moves them by batch-split noise only.
+        alone = [engine.score_choices(PREFIX + suffix, [c])[0] for c in choices]
         exact = [engine.token_logprobs(c, PREFIX + suffix).logprobs.sum() for c in choices]
-        np.testing.assert_allclose(full, exact, atol=1e-6)
+        np.testing.assert_allclose(alone, exact, atol=1e-6)
+        together = engine.score_choices(PREFIX + suffix, choices)
+        np.testing.assert_allclose(together, exact, atol=0.5)
+        np.testing.assert_array_equal(together[[0, 2]], np.asarray(alone)[[0, 2]])  # one-token choices: no decode
     assert np.all(batch[:, 1] < batch[:, 0])  # " very positive" = " very" then " positive"
+    np.testing.assert_array_equal(engine.score_choices_batch(PREFIX, SUFFIXES[:2], choices), batch)
+
+
+@pytest.mark.slow
+def test_many_long_choices_are_split_over_sequences_and_decodes(llama_engine: LlamaCppEngine) -> None:
+    engine = llama_engine
+    # 20 multi-token choices (more than the scoring context's sequences) and one longer
+    # than a decode's rows: every choice still gets its own continuation.
+    choices = [f" label number {i}" for i in range(20)] + [" positive" + " and positive" * 20]
+    scores = engine.score_choices(PREFIX + SUFFIXES[0], choices)
+    for i in (0, 7, 19, 20):
+        np.testing.assert_allclose(scores[i], engine.token_logprobs(choices[i], PREFIX + SUFFIXES[0]).logprobs.sum(),
+                                   atol=0.5)
+    assert np.isfinite(scores).all() and scores[20] < scores[0]
 
 
 @pytest.mark.slow
