@@ -73,7 +73,7 @@ def prefixes_part(args, make_engine) -> dict | None:
     same = all(np.array_equal(a, b) for a, b in zip(scores["saved"], scores["decoded"]))
     result = {
         "ratio_decoded_over_saved_seconds": seconds["decoded"] / seconds["saved"],
-        "seconds": seconds, "identical_scores": same,
+        "seconds": seconds, "identical_scores": same, "llama_threads": engines["saved"].n_threads,
         "pattern": {"candidates": args.candidates, "silos": args.silos, "records_per_silo": args.records_per_silo,
                     "prefix_tokens": [len(engines["saved"].tokenize(p, bos=True)) for p in prompts]},
         "tokens_decoded": {name: e.kv_stats.tokens_decoded for name, e in engines.items()},
@@ -135,7 +135,7 @@ def choices_part(args, make_engine) -> dict | None:
     gold = np.array([task.labels.index(example.label) for example in task.test])
     result = {
         "ratio_per_choice_over_batched_seconds": seconds["per_choice"] / seconds["batched"],
-        "seconds": seconds, "records": len(suffixes),
+        "seconds": seconds, "records": len(suffixes), "llama_threads": engines["batched"].n_threads,
         "choice_tokens": [len(engines["batched"].tokenize(c, bos=False)) for c in choices],
         "max_abs_logprob_diff": float(np.abs(batched - per_choice).max()),
         "label_agreement": float(np.mean(batched.argmax(1) == per_choice.argmax(1))),
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.candidates, args.silos, args.records_per_silo, args.banking_records, args.block) < 1:
         parser.error("--candidates, --silos, --records-per-silo, --banking-records and --block must be >= 1")
     try:
-        from dp_textgrad.engines.llama_cpp import LlamaCppEngine, default_threads
+        from dp_textgrad.engines.llama_cpp import LlamaCppEngine
     except ImportError as exc:
         print(f"SKIPPED: the local engine is unavailable ({exc})")
         return 0
@@ -179,7 +179,6 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "prefixes": prefixes_part(args, make_engine) if args.part in ("prefixes", "both") else None,
         "choices": choices_part(args, make_engine) if args.part in ("choices", "both") else None,
-        "llama_threads": args.threads or default_threads(),
         "load_average_at_end": list(os.getloadavg()),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/scoring_speedups.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -62,7 +62,7 @@ def test_scoring_speedups_smoke(tmp_path: Path) -> None:
     assert prefixes["tokens_decoded"]["decoded"] - prefixes["tokens_decoded"]["saved"] == 2 * prompt_tokens
     # The rebuilt previous method scores the same labels up to batch-split noise.
     assert choices["records"] == 3 and max(choices["choice_tokens"]) > 1
-    assert choices["max_abs_logprob_diff"] < 0.5 and choices["label_agreement"] >= 2 / 3
+    assert choices["max_abs_logprob_diff"] < 1.0 and choices["label_agreement"] >= 2 / 3
     assert list(tmp_path.iterdir()) == [output]
 
 
