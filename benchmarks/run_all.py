@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "calibration_time": [],
     "import_time": [],
     "engine_throughput": ["--threads", "1"],
+    "scoring_speedups": [],
     "openai_concurrency": [],
     "ray_scaling": [],
     "paper_scale": [],
