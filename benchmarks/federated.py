@@ -15,8 +15,8 @@ events, the union of the silos' Poisson samples is a Poisson sample of the pool,
 noise added once to the total; tests/federated/test_federated_runs.py checks the events).
 Each configuration is also compared with ``central`` seed by seed (a seed fixes the split).
 Runs are appended to ``<work-dir>/runs.jsonl`` and the grid resumes where it stopped.
-BANKING77 (10 intents) runs take about three minutes each on 2 cores (against about 40 s
-for SST-2), so by default it gets one seed (``--regime-seeds``).
+BANKING77 (10 intents) runs take 1.5 to 4 minutes of optimisation each on 2 cores (against
+about 1 minute for SST-2), so by default it gets one seed (``--regime-seeds``).
 
 ``--part simulated``: no LLM. Candidate utilities come from a model fitted to measured
 scores (the spread of the released prompts' test accuracies in the privacy-utility
@@ -393,7 +393,7 @@ def plot(summary: dict[str, Any], img_dir: Path) -> None:
     cells = summary.get("llm") or []
     if cells:
         groups = sorted({(c["regime"], c["alpha"], c["epsilon"]) for c in cells}, key=str)
-        fig, ax = plt.subplots(figsize=(10, 3.8))
+        fig, ax = plt.subplots(figsize=(11, 4.2))
         width = 0.8 / len(CONFIGS)
         for j, config in enumerate(CONFIGS):
             xs, ys, errs = [], [], []
@@ -412,7 +412,7 @@ def plot(summary: dict[str, Any], img_dir: Path) -> None:
             seed_acc = next(c["seed_accuracy"] for c in cells if (c["regime"], c["alpha"], c["epsilon"]) == group)
             ax.hlines(seed_acc, i - width / 2, i + 0.8 - width / 2, colors="grey", linestyles=":")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
-        ax.set_xticklabels([f"{r} alpha={a:g} eps={e:g}" for r, a, e in groups])
+        ax.set_xticklabels([f"{r}\nalpha={a:g} eps={e:g}" for r, a, e in groups], fontsize=8)
         ax.set_ylabel("test accuracy (mean, 95% CI)")
         ax.set_title(f"Federated DP-ES over {SILOS} silos (dotted: seed prompt)")
         ax.legend(fontsize=7, ncol=3)
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", choices=("docs", "full"), default="docs",
                         help="docs: the cells docs/federated.md shows; full: both tasks x alpha 0.3, 10 x epsilon 1, 4")
     parser.add_argument("--regime-seeds", default="banking10=1",
-                        help="fewer seeds for slow regimes, e.g. banking10=1 (BANKING77 runs take about 3 minutes)")
+                        help="fewer seeds for slow regimes, e.g. banking10=1 (BANKING77 runs take 1.5 to 4 minutes)")
     parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--work-dir", type=Path, default=WORK_DIR)
