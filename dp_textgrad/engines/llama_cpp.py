@@ -258,6 +258,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
             prefix_ids = tuple(self._tokenize(prefix, True))
             choice_ids = [self._tokenize(choice, False) for choice in choices]
             first_ids = np.array([ids[0] for ids in choice_ids])
+            groups = self._choice_groups(choice_ids)
             scores = np.empty((len(suffixes), len(choices)))
             done: dict[str, np.ndarray] = {}
             for i, suffix in enumerate(suffixes):
@@ -266,7 +267,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                     continue
                 suffix_ids = tuple(self._tokenize(suffix, False))
                 row_scores = _pick_logprobs(self._position_at(prefix_ids, suffix_ids), first_ids)
-                row_scores += self._continuations(choice_ids)
+                row_scores += self._continuations(choice_ids, groups)
                 scores[i] = done[suffix] = row_scores
             decoded = self.kv_stats.tokens_decoded - decoded_before
         self._count(prompt_tokens=decoded, seconds=timer["seconds"])

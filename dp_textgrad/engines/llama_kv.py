@@ -164,11 +164,7 @@ class LlamaPlumbing:
         if not tokens:
             raise EngineError("internal: nothing to decode")
         start = len(self._kv_tokens)
-        if start + len(tokens) > self._n_ctx:
-            raise EngineError(
-                f"input needs {start + len(tokens)} tokens but the context holds {self._n_ctx}; "
-                "raise n_ctx or shorten the prompt"
-            )
+        self._check_room(start + len(tokens))
         step = min(self._n_batch, _ALL_LOGITS_CHUNK) if on_row else self._n_batch
         last_row = None
         for offset in range(0, len(tokens), step):
@@ -192,28 +188,34 @@ class LlamaPlumbing:
     # decode per choice for BANKING77's 10 labels). Groups depend only on the choices, so
     # a score never depends on earlier calls; llama.cpp's float results do depend on the
     # batch, so a choice's score can move by batch-split noise with the other choices.
-    def _continuations(self, choice_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """Per choice: sum of log p(ids[k] | KV, ids[:k]) for k >= 1 (0 for one-token choices)."""
-        added = np.zeros(len(choice_ids))
+    def _choice_groups(self, choice_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Multi-token choices (indices), in order, grouped into decodes: at most one
+        sequence each beside sequence 0, and at most one decode's rows per group unless a
+        single choice needs more. Computed once per call, not per record."""
         limit = min(self._n_batch, _ALL_LOGITS_CHUNK)
         groups: list[list[int]] = []
+        rows = 0
         for j, ids in enumerate(choice_ids):
             if len(ids) < 2:
                 continue
-            fits = groups and len(groups[-1]) < _SCORING_SEQUENCES - 1 and \
-                sum(len(choice_ids[i]) - 1 for i in groups[-1]) + len(ids) - 1 <= limit
-            if fits:
+            if groups and len(groups[-1]) < _SCORING_SEQUENCES - 1 and rows + len(ids) - 1 <= limit:
                 groups[-1].append(j)
+                rows += len(ids) - 1
             else:
                 groups.append([j])
+                rows = len(ids) - 1
+        return groups
+
+    def _continuations(self, choice_ids: Sequence[Sequence[int]], groups: list[list[int]]) -> np.ndarray:
+        """Per choice: sum of log p(ids[k] | KV, ids[:k]) for k >= 1 (0 for one-token choices)."""
+        added = np.zeros(len(choice_ids))
+        limit = min(self._n_batch, _ALL_LOGITS_CHUNK)
         memory = self._lib.llama_get_memory(self._ctx)
         start = len(self._kv_tokens)
         for group in groups:
             items = [(token, start + k, seq, j, choice_ids[j][k + 1])
                      for seq, j in enumerate(group, 1) for k, token in enumerate(choice_ids[j][:-1])]
-            if start + len(items) > self._n_ctx:
-                raise EngineError(f"input needs {start + len(items)} tokens but the context holds {self._n_ctx}; "
-                                  "raise n_ctx or shorten the prompt")
+            self._check_room(start + len(items))
             try:
                 for seq in range(1, len(group) + 1):
                     self._lib.llama_memory_seq_cp(memory, 0, seq, 0, start)
@@ -227,6 +229,11 @@ class LlamaPlumbing:
                     self._lib.llama_memory_seq_rm(memory, seq, -1, -1)
             self.kv_stats.tokens_decoded += len(items)
         return added
+
+    def _check_room(self, needed: int) -> None:
+        if needed > self._n_ctx:
+            raise EngineError(f"input needs {needed} tokens but the context holds {self._n_ctx}; "
+                              "raise n_ctx or shorten the prompt")
 
     def _submit(self, items: Sequence[tuple[int, int, int]], *, every_row: bool, last_row: bool = True) -> None:
         """One llama_decode of (token, position, sequence) items; logits for every row or the last."""
