@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from dp_textgrad.engines.scripted import ScriptedEngine
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist (the README runs `-n 2`) each worker shares the CPUs with the others,
+    # and llama.cpp's spinning threads on a CPU another worker holds run many times slower
+    # (the headroom test: 83 s alone, 269 s with two threads beside a busy worker). One
+    # llama.cpp thread per worker, in the worker and the processes it starts, unless set.
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ.setdefault("DP_TEXTGRAD_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -53,8 +53,8 @@ ENGINE_CASES = [
 # 2 cores (a Python sort of the 262k-token vocabulary each), and every scoring request echoes it.
 PREFIX = "Review sentiment:\n\n"
 SUFFIXES = [
-    "Review: a wonderful, moving film.\nSentiment:",
-    "Review: boring and far too long.\nSentiment:",
+    "Review: wonderful.\nSentiment:",
+    "Review: boring.\nSentiment:",
     "Review: dull.\nSentiment:",
 ]
 CHOICES = [" positive", " negative"]
@@ -182,7 +182,7 @@ def test_no_files_written(engine: Engine, tmp_path: Path, monkeypatch: pytest.Mo
     model_dir = Path(getattr(engine, "model_path", work)).parent
     before = _snapshot(model_dir)
     engine.generate(f"Summarise: {SECRET}", max_tokens=4)
-    engine.score_choices_batch(PREFIX, [f"Review: {SECRET}\nSentiment:"], CHOICES)
+    engine.score_choices_batch(PREFIX, [f"Review: {SECRET}\nSentiment:"], CHOICES[:1])
     engine.token_logprobs(SECRET, context="Note:")
     assert _snapshot(work, home, scratch) == set()
     assert _snapshot(model_dir) == before
