@@ -414,7 +414,7 @@ def plot(summary: dict[str, Any], img_dir: Path) -> None:
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
         ax.set_xticklabels([f"{r}\nalpha={a:g} eps={e:g}" for r, a, e in groups], fontsize=8)
         ax.set_ylabel("test accuracy (mean, 95% CI)")
-        # Accuracy lies in [0, 1]; a t interval over 2 seeds can reach past it, so the axis stops
+        # Accuracy lies in [0, 1]; a t interval over a few seeds can reach past it, so the axis stops
         # at the possible range (the tables give the intervals); the top band holds the legend.
         ax.set_ylim(0.0, 1.35)
         ax.set_yticks(np.linspace(0.0, 1.0, 6))
