@@ -48,6 +48,15 @@ selection (Gumbel top-k of k picks on a Poisson subsample) is one step per gener
 the amplified pure epsilon ln(1 + q (e^(k eps0) - 1)), with delta_i = 0. PLD reads its
 tight dominating pair and RDP Zhu-Wang's subsampled bound on the bounded-range curve.
 
+Pure-DP plans against exact values (issue 35; ``PURE_ROWS``): for T generations of k
+picks (permute-and-flip or Gumbel top-k) on Poisson subsamples of rate q, at a fixed
+per-pick epsilon0 or at the one ``RunPlan.calibrated`` gives for a budget, the ledger's
+printed epsilon beside the exact epsilon of the same composition (the T-fold product of
+the k-pick dominating pair, a closed-form sum in ``tests/exact_pure_dp.py``). Target:
+printed <= 1.01 x exact. (Gumbel top-k is also bounded-range, so its RDP bound may go
+below the pure pair's exact value.) ``--pure-exact`` runs only these rows (seconds) and
+keeps the schedule cases already in ``--output``.
+
 The per-accountant calibration is a bracketed root search (Brent's method on log
 epsilon against log parameter) with the accountant alone, first with a cheaper
 pessimistic copy (PLD grid 1e-3 instead of 1e-4, integer RDP orders) for a start,
@@ -74,13 +83,17 @@ Output (``--output``, default ``benchmarks/results/accounting.json``)::
                        epsilon_reached {accountant: its bound at that value},
                        parameter_over_library {accountant: value / library value}
       seconds
+    pure_exact[]     per pure row: name, selection, picks, sampling_rate, generations, delta,
+                     budget, epsilon0, calibration_seconds, exact, printed, printed_by, pld,
+                     rdp, printed_over_exact, pld_over_exact, within_one_percent
     summary          cases checked, misses (schedule, selection, epsilon, which target),
-                     worst ratios
+                     worst ratios; pure rows checked, within 1% of exact, worst printed/exact
     rtol, rtol_exponential, seconds, machine, date, command, code_version
 
     python benchmarks/accounting.py                  # every schedule (several minutes)
     python benchmarks/accounting.py --quick --output smoke.json
     python benchmarks/accounting.py --schedule demo --markdown
+    python benchmarks/accounting.py --pure-exact --markdown   # pure-DP rows vs exact only
     python benchmarks/accounting.py --tables-from benchmarks/results/accounting.json --markdown
 """
 
@@ -103,6 +116,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
 
+import dp_accounting  # noqa: E402
 from scipy.optimize import brentq  # noqa: E402
 
 from dp_textgrad.privacy.accounting import (  # noqa: E402
@@ -115,6 +129,9 @@ from dp_textgrad.privacy.accounting import (  # noqa: E402
 )
 from dp_textgrad.dp_es.config import DPESConfig  # noqa: E402
 from dp_textgrad.dp_es.plan import RunPlan  # noqa: E402
+from dp_textgrad.privacy.accounting.events import _group_events  # noqa: E402
+from dp_textgrad.privacy.mechanisms import selection_mechanism  # noqa: E402
+from tests.exact_pure_dp import exact_epsilon as exact_pure_epsilon  # noqa: E402
 from dp_textgrad._io import atomic_write_text  # noqa: E402
 from dp_textgrad.runs import code_version  # noqa: E402
 
@@ -388,6 +405,90 @@ def run_case(schedule: Schedule, selection: str, budgets: Sequence[float], noise
     }
 
 
+# --------------------------------------------------------------------------- pure plans against exact values
+
+PURE_TIGHTNESS = 1.01  # issue 35: no printed epsilon of a pure plan more than 1% above the exact value
+_PURE_PUBLIC_N = 1_000_000  # a declared N: the plan is the generations alone (no DP count of N)
+
+
+@dataclass(frozen=True)
+class PureRow:
+    """T generations of k picks (``selection``) on Poisson subsamples of rate q, at a fixed
+    per-pick ``epsilon0`` or at the eps0 ``RunPlan.calibrated`` gives for ``budget``."""
+
+    name: str
+    selection: str
+    picks: int
+    q: float
+    generations: int
+    delta: float
+    epsilon0: float | None = None
+    budget: float | None = None
+
+
+PURE_ROWS: list[PureRow] = [
+    PureRow("issue35_example", "permute_and_flip", 1, 0.005, 1000, 1e-5, epsilon0=0.3),
+    PureRow("issue35_two_picks", "permute_and_flip", 2, 0.005, 1000, 1e-5, epsilon0=0.3),
+    PureRow("library_default", "permute_and_flip", 2, 0.1, 6, 1e-5, budget=1.0),
+    PureRow("library_default", "permute_and_flip", 2, 0.1, 6, 1e-5, budget=4.0),
+    PureRow("long_run", "permute_and_flip", 2, 0.01, 100, 1e-5, budget=0.2),
+    PureRow("long_run", "permute_and_flip", 2, 0.01, 100, 1e-5, budget=1.0),
+    PureRow("long_run", "exponential", 2, 0.01, 100, 1e-5, budget=4.0),
+    PureRow("sst2_n2000", "exponential", 2, 0.012, 3, 1e-5, budget=4.0),
+    PureRow("unsampled", "permute_and_flip", 2, 1.0, 50, 1e-5, epsilon0=0.2),
+    PureRow("tiny_delta", "permute_and_flip", 1, 0.02, 500, 1e-9, epsilon0=0.5),
+]
+
+
+def run_pure_row(row: PureRow) -> dict[str, Any]:
+    """The ledger's printed epsilon of a pure plan beside the exact value of the same composition.
+
+    Exact: ``tests/exact_pure_dp.py``, the closed-form sum over the T-fold product of the
+    k-pick dominating pair, bisected at delta. The plan's event is checked to be exactly T
+    generations of that mechanism's event, so both sides compose the same thing.
+    """
+    config = DPESConfig(epsilon=row.budget or 1.0, delta=row.delta, generations=row.generations, population=6,
+                        parents=row.picks, sampling_rate=row.q, selection=row.selection, feedback="none",
+                        final_selection="last", dataset_size=_PURE_PUBLIC_N)
+    started = time.perf_counter()
+    plan = RunPlan.calibrated(config) if row.budget is not None else RunPlan.with_value(config, row.epsilon0)
+    calibration_seconds = time.perf_counter() - started if row.budget is not None else None
+    epsilon0 = float(plan.value)
+    generation = selection_mechanism(row.selection, epsilon0, row.picks, 1.0).event(row.q)
+    if _group_events([plan.event]) != _group_events([dp_accounting.SelfComposedDpEvent(generation, row.generations)]):
+        raise RuntimeError(f"pure row {row.name}: the plan's event is not {row.generations} x {generation!r}")
+    bounds = PrivacyLedger(epsilon_budget=1e6, delta=row.delta).bounds_with(plan.event)
+    printed_by = min(bounds, key=lambda name: bounds[name])
+    printed = bounds[printed_by]
+    exact = exact_pure_epsilon(epsilon0, row.picks, row.q, row.generations, row.delta)
+    return {
+        "name": row.name, "selection": row.selection, "picks": row.picks, "sampling_rate": row.q,
+        "generations": row.generations, "delta": row.delta, "budget": row.budget, "epsilon0": epsilon0,
+        "calibration_seconds": None if calibration_seconds is None else round(calibration_seconds, 3),
+        "exact": exact, "printed": printed, "printed_by": printed_by, "pld": bounds["pld"], "rdp": bounds["rdp"],
+        "printed_over_exact": printed / exact, "pld_over_exact": bounds["pld"] / exact,
+        "within_one_percent": printed <= PURE_TIGHTNESS * exact,
+    }
+
+
+def pure_table(rows: Sequence[dict[str, Any]], markdown: bool) -> str:
+    header = ["row", "selection", "k", "q", "T", "delta", "eps0", "exact", "printed", "pld", "rdp",
+              "printed/exact", "pld/exact"]
+    body = [[r["name"] + ("" if r["budget"] is None else f" (budget {_fmt(r['budget'])})"), r["selection"],
+             str(r["picks"]), _fmt(r["sampling_rate"]), str(r["generations"]), _fmt(r["delta"]),
+             _fmt(r["epsilon0"], 5), _fmt(r["exact"], 6), f"{_fmt(r['printed'], 6)} ({r['printed_by']})",
+             _fmt(r["pld"], 6), _fmt(r["rdp"], 6), _fmt(r["printed_over_exact"], 5), _fmt(r["pld_over_exact"], 5)]
+            for r in rows]
+    title = (f"Pure-DP plans: the printed epsilon against the exact value of the same composition "
+             f"(target: printed/exact <= {PURE_TIGHTNESS}):")
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        return "\n".join([title, "", *lines, *("| " + " | ".join(b) + " |" for b in body)])
+    widths = [max([len(h), *(len(b[i]) for b in body)]) for i, h in enumerate(header)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    return "\n".join([title, "", *lines, *("  ".join(c.rjust(w) for c, w in zip(b, widths)) for b in body)])
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -433,7 +534,7 @@ def tables(cases: Sequence[dict[str, Any]], markdown: bool) -> str:
         if markdown:
             lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             return lines + ["| " + " | ".join(r) + " |" for r in rows]
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
         out = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
         return out + ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
 
@@ -511,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true",
                         help="recompute only the selected cases and replace them in --output, keeping the others "
                              "(each kept case stays as its own run measured it; 'runs' lists every command)")
+    parser.add_argument("--pure-exact", action="store_true",
+                        help="only the pure-DP rows against exact values (PURE_ROWS, seconds); the schedule cases "
+                             "of --output are kept as they are")
     parser.add_argument("--markdown", action="store_true", help="print the tables as markdown")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="where to write the JSON results")
     parser.add_argument("--tables-from", metavar="JSON", default=None,
@@ -519,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables_from:
         saved = json.loads(Path(args.tables_from).read_text(encoding="utf-8"), parse_float=float)
         print(tables(saved["cases"], args.markdown))
+        if saved.get("pure_exact"):
+            print()
+            print(pure_table(saved["pure_exact"], args.markdown))
         return 0
     if not 0 < args.rtol < 0.1:
         parser.error("--rtol must be in (0, 0.1)")
@@ -527,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     schedules = [s for s in SCHEDULES if s.name in names]
     started = time.perf_counter()
     cases = []
-    for schedule in schedules:
+    for schedule in [] if args.pure_exact else schedules:
         budgets = schedule.budgets
         noise_targets = NOISE_TARGETS
         if args.quick:
@@ -538,9 +645,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             cases.append(run_case(schedule, selection, budgets, noise_targets, args.rtol,
                                   lambda line: print(line, file=sys.stderr, flush=True)))
+    if args.pure_exact:
+        schedules = []  # the kept cases name their schedules below
+    pure_rows = []
+    for row in PURE_ROWS:
+        pure_rows.append(run_pure_row(row))
+        print(f"  pure {row.name}/{row.selection}: printed/exact {pure_rows[-1]['printed_over_exact']:.5f}",
+              file=sys.stderr, flush=True)
 
     runs_so_far: list[dict] = []
-    if args.update and Path(args.output).exists():
+    if (args.update or args.pure_exact) and Path(args.output).exists():
         previous = json.loads(Path(args.output).read_text(encoding="utf-8"), parse_float=float)
         fresh = {(c["schedule"], c["selection"]) for c in cases}
         cases = [c for c in previous["cases"] if (c["schedule"], c["selection"]) not in fresh] + cases
@@ -560,7 +674,11 @@ def main(argv: list[str] | None = None) -> int:
         "rtol": args.rtol,
         "rtol_exponential": PURE_RTOL,
         "cases": cases,
-        "summary": summarise(cases),
+        "pure_exact": pure_rows,
+        "summary": {**summarise(cases),
+                    "pure_rows_checked": len(pure_rows),
+                    "pure_rows_within_one_percent_of_exact": sum(r["within_one_percent"] for r in pure_rows),
+                    "worst_pure_printed_over_exact": max(r["printed_over_exact"] for r in pure_rows)},
         "seconds": round(time.perf_counter() - started, 1),
         "machine": machine(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -573,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out, json.dumps(_json_float(result), indent=2) + "\n")
 
     print(tables(cases, args.markdown))
+    print()
+    print(pure_table(pure_rows, args.markdown))
     summary = result["summary"]
     print()
     print(f"{summary['rows_meeting_both_targets']} of {summary['rows_checked']} schedule budgets meet both targets; "
@@ -581,6 +701,9 @@ def main(argv: list[str] | None = None) -> int:
     for miss in summary["misses"]:
         print(f"  miss: {miss['schedule']} {miss['selection']} epsilon {miss['epsilon']:g}: "
               f"{miss['target']} (ratio {_fmt(miss['ratio'], 3)})")
+    print(f"{summary['pure_rows_within_one_percent_of_exact']} of {summary['pure_rows_checked']} pure-DP rows print "
+          f"at most {PURE_TIGHTNESS}x the exact epsilon; worst printed/exact "
+          f"{summary['worst_pure_printed_over_exact']:.5f}")
     print(f"wrote {out}")
     return 0
 

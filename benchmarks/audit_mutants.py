@@ -84,7 +84,11 @@ def clip_ignored() -> Iterator[None]:
 @contextlib.contextmanager
 def charge_skipped() -> Iterator[None]:
     """The mechanism runs without charging the ledger."""
-    with mock.patch.object(scorer_module.DPScorer, "_charge", lambda self, *args, **kwargs: None):
+    from dp_textgrad.dp_es.replay import Charge
+
+    # The scorer goes on as after a charge (no journal: nothing to adopt), but the ledger never hears of it.
+    with mock.patch.object(scorer_module.DPScorer, "_charge",
+                           lambda self, mechanism, label, *args, **kwargs: Charge(0, label, adopted=False)):
         yield
 
 

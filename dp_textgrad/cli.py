@@ -11,20 +11,22 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 
 from dp_textgrad import runs
+# The task and engine builders live in the library; `cli.make_engine` is the seam tests replace.
+from dp_textgrad.builders import build_task, make_engine
+# The exit codes are re-exported: callers and tests read them as cli.EXIT_*.
+from dp_textgrad.cli_common import (EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED,  # noqa: F401
+                                    EXIT_STOPPED_EARLY, _bad_input_types, _fail, _guarded, _state, console)
 from dp_textgrad.dp_es.config import DPESConfig
-from dp_textgrad.progress import (JSON_HELP, MLFLOW_HELP, QUIET_HELP, GracefulStop, Output, StopAfterCheckpoint,
+from dp_textgrad.progress import (JSON_HELP, MLFLOW_HELP, QUIET_HELP, GracefulStop, Output,
                                   run_with_progress)
 from dp_textgrad.settings import (
-    DEFAULT_FILE_SEED_PROMPT,
     EngineSection,
     OptimizeSettings,
     OutputSection,
@@ -38,19 +40,11 @@ from dp_textgrad.tracking import trackers_for
 # Tracebacks (--debug) never show local variables: they would print raw private records.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Differentially private prompt optimization (DP-ES on TextGrad).")
-console = Console(stderr=False)
-
-EXIT_FAILURE = 1
-EXIT_BAD_INPUT = 2
-EXIT_STOPPED_EARLY = 3
-EXIT_INTERRUPTED = 130
 
 # What the CLI saves in a run directory so that `optimize --resume` can rebuild the task and engine.
 CLI_SETTINGS_NAME = runs.CLI_SETTINGS_NAME
 # Measured (docs/benchmarks.md, "The demo"): 3 x 4 candidates on ~50 records, then 500 test records.
 DEMO_RECORDS_PER_GENERATION = 50
-
-_state: dict[str, bool] = {"debug": False}
 
 
 def _mount_commands() -> None:
@@ -75,23 +69,6 @@ def main(debug: bool = typer.Option(False, "--debug", help="show full tracebacks
     _state["debug"] = debug
 
 
-# -- errors ------------------------------------------------------------------------------
-def _fail(exc: BaseException, code: int) -> None:
-    if _state["debug"]:
-        raise exc
-    # One line, no markup interpretation (messages may contain brackets).
-    message = " ".join(str(exc).split()) or type(exc).__name__
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _bad_input_types() -> tuple[type[BaseException], ...]:
-    from dp_textgrad.privacy.accounting.lifetime import LifetimeCapExceeded
-    from dp_textgrad.privacy.data import PrivateDataError
-
-    return (ValueError, FileNotFoundError, ValidationError, PrivateDataError, LifetimeCapExceeded)
-
-
 def _config_from(settings: dict[str, Any]):
     from dp_textgrad.dp_es.config import ConfigError, format_validation_error
 
@@ -99,67 +76,6 @@ def _config_from(settings: dict[str, Any]):
         return DPESConfig(**{k: v for k, v in settings.items() if v is not None})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
-
-
-# -- building the task and the engine ------------------------------------------------------
-def build_task(section: TaskSection):
-    options = dict(section.options)
-    try:
-        if section.name is not None:
-            from dp_textgrad.tasks.registry import get_task
-
-            return get_task(section.name, **options)
-        from dp_textgrad.tasks.loaders import build_task_from_files
-
-        if section.record_template is not None:
-            options["record_template"] = section.record_template
-        options["seed_prompt"] = section.seed_prompt or DEFAULT_FILE_SEED_PROMPT
-        return build_task_from_files(
-            "custom", section.train, section.test, public=section.public, labels=section.labels,
-            text_column=section.text_column, label_column=section.label_column,
-            description=section.description, encoding=section.encoding, **options,
-        )
-    except TypeError as exc:
-        raise ValueError(f"task.options: not accepted by the task builder ({exc})") from None
-
-
-def make_engine(section: EngineSection):
-    """The engine a configuration names (tests monkeypatch this factory)."""
-    from dp_textgrad.engines.registry import build_engine
-
-    return build_engine(section.kind, model=section.model, base_url=section.base_url, mode=section.mode,
-                        **section.options)
-
-
-def _guarded(action: Callable[[], Any], run_dir: Callable[[], Optional[Path]], command: str = "optimize") -> Any:
-    """Run ``action`` and turn its failures into one line and an exit code (``command`` resumes a run)."""
-    from dp_textgrad.privacy.data import PrivateScoringError
-    from dp_textgrad.engines.base import EngineError
-
-    try:
-        return action()
-    except (KeyboardInterrupt, StopAfterCheckpoint):
-        directory = run_dir()
-        if directory is not None and runs.RunDir(directory).checkpoint.exists():
-            typer.echo(f"interrupted: checkpoint saved; resume with `dp-textgrad {command} --resume {directory}`",
-                       err=True)
-        else:
-            typer.echo("interrupted before the first checkpoint; nothing to resume", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED)
-    except typer.Exit:
-        raise
-    except _bad_input_types() as exc:
-        _fail(exc, EXIT_BAD_INPUT)
-    except PrivateScoringError as exc:
-        directory = run_dir()
-        hint = f"; resume with `dp-textgrad {command} --resume {directory}`" if directory is not None else ""
-        _fail(RuntimeError(f"{exc}{hint}"), EXIT_FAILURE)
-    except (EngineError, RuntimeError, OSError) as exc:
-        _fail(exc, EXIT_FAILURE)
-    except Exception as exc:  # a bug: name its type only (its message might quote data)
-        if _state["debug"]:
-            raise
-        _fail(RuntimeError(f"unexpected {type(exc).__name__}; rerun with --debug for the traceback"), EXIT_FAILURE)
 
 
 def _start_run_dir(runs_root: Path, settings: OptimizeSettings) -> Path:
@@ -175,7 +91,7 @@ def _start_run_dir(runs_root: Path, settings: OptimizeSettings) -> Path:
 @app.command()
 def demo(
     epsilon: float = typer.Option(4.0, help="total privacy budget epsilon"),
-    delta: Optional[float] = typer.Option(None, help="total delta (default min(1e-5, 1/(10N)))"),
+    delta: Optional[float] = typer.Option(None, help="total delta (default 1e-5; min(1e-5, 1/(10N)) for a declared N)"),
     generations: int = typer.Option(3, help="DP generations"),
     population: int = typer.Option(4, help="candidates per generation"),
     parents: int = typer.Option(2, help="parents per generation"),
@@ -236,7 +152,7 @@ def optimize(
                                           help="YAML or TOML file (sections: task, engine, dp, output)"),
     resume: Optional[Path] = typer.Option(None, "--resume", help="continue the run in RUN_DIR from its checkpoint"),
     epsilon: Optional[float] = typer.Option(None, help="total privacy budget epsilon (dp.epsilon)"),
-    delta: Optional[float] = typer.Option(None, help="total delta (dp.delta; default min(1e-5, 1/(10N)))"),
+    delta: Optional[float] = typer.Option(None, help="total delta (dp.delta; default 1e-5; min(1e-5, 1/(10N)) for a declared N)"),
     generations: Optional[int] = typer.Option(None, help="DP generations (dp.generations)"),
     population: Optional[int] = typer.Option(None, help="candidates per generation (dp.population)"),
     parents: Optional[int] = typer.Option(None, help="parents per generation (dp.parents)"),
@@ -257,6 +173,10 @@ def optimize(
                                                help="run even past the lifetime cap (recorded in the ledger)"),
     lifetime_store: Optional[Path] = typer.Option(None, help="lifetime budget store (output.lifetime_store; "
                                                               "default RUNS_ROOT/operator/lifetime_budget.sqlite)"),
+    dataset_key: Optional[str] = typer.Option(None, help="name the dataset in the lifetime store, shared by its "
+                                                          "versions (output.dataset_key; public)"),
+    lifetime_delta: Optional[float] = typer.Option(None, help="the dataset's lifetime delta (output.lifetime_delta; "
+                                                              "default: fixed by its first run)"),
     mlflow: Optional[str] = typer.Option(None, help=MLFLOW_HELP + " (output.mlflow)"),
     distributed: bool = typer.Option(False, "--distributed", help="score on Ray actors (distributed.enabled)"),
     actors: Optional[int] = typer.Option(None, help="Ray actors, one partition each (distributed.actors)"),
@@ -271,7 +191,8 @@ def optimize(
                  train=train, test=test, runs_root=runs_root, encoding=encoding)
     engine_flags = dict(kind=engine, base_url=base_url, model=model)
     lifetime_flags = dict(lifetime_cap=lifetime_cap, override_lifetime_cap=override_lifetime_cap or None,
-                          lifetime_store=lifetime_store, mlflow=mlflow)
+                          lifetime_store=lifetime_store, dataset_key=dataset_key, lifetime_delta=lifetime_delta,
+                          mlflow=mlflow)
     scale_flags = dict(enabled=distributed or None, actors=actors, address=ray_address)
     holder: dict[str, Path] = {}
 
@@ -287,7 +208,7 @@ def optimize(
                                   "--base-url, --model may change)")
             directory = resume
             if not runs.RunDir(directory).checkpoint.is_file():
-                raise ConfigError(f"resume: no checkpoint.json in {directory}; is this a run directory?")
+                raise ConfigError(runs.RunDir(directory).missing_checkpoint_message())
             if runs.RunDir(directory).result.is_file():
                 from dp_textgrad.workflow import complete_finished
 
@@ -299,7 +220,7 @@ def optimize(
                 raise ConfigError(f"resume: no {CLI_SETTINGS_NAME} in {directory} (the run was not started "
                                   "from the command line); resume it with workflow.run(..., resume=True)")
             saved = runs.read_json(directory / CLI_SETTINGS_NAME)
-            saved["dp"] = runs.read_json(runs.RunDir(directory).config)["config"]
+            saved["dp"] = runs.RunDir(directory).saved_config()
             settings = build_settings(saved, {"engine": engine_flags, "output": lifetime_flags,
                                               "distributed": scale_flags})
             holder["dir"] = directory
@@ -350,6 +271,10 @@ def budget(
         None, "--llm-operators/--no-llm-operators",
         help="whether LLM operators read the DP feedback (default: assume they do; the built-in base model "
              "does not, and its runs charge no feedback)"),
+    dataset_size: Optional[int] = typer.Option(
+        None, help="the public N you declare; without it the run spends --size-epsilon-share of epsilon on a DP "
+                   "count of N first, and this plan includes it"),
+    size_epsilon_share: float = typer.Option(0.05, help="share of epsilon for the DP count of N (N not declared)"),
 ) -> None:
     """Calibration calculator: the noise for a budget, or the epsilon of a given noise. Reads no data."""
     try:
@@ -367,7 +292,8 @@ def budget(
         config = _config_from(dict(epsilon=epsilon if epsilon is not None else 1.0, delta=delta,
                                    generations=generations, population=population, parents=parents,
                                    sampling_rate=sampling_rate, selection=selection, feedback=feedback,
-                                   llm_operators=llm_operators))
+                                   llm_operators=llm_operators, dataset_size=dataset_size,
+                                   size_epsilon_share=size_epsilon_share))
         # The strategy says which parameter the budget decides: a noise multiplier or a per-pick epsilon0.
         parameter = RunPlan(config, None).strategy.calibrates
         if epsilon is not None:
@@ -382,11 +308,17 @@ def budget(
                 raise ValueError(f"{field}: selection {config.selection} is accounted from "
                                  f"--{field.replace('_', '-')}")
             plan = RunPlan.with_value(config, value)
-        event = plan.event
+            if plan.size_count is not None:  # the count takes a share of the budget that this noise implies
+                search = min(plan.epsilons(delta, default_accountants()).values()) - config.size_epsilon
+                total = search / (1.0 - config.size_epsilon_share)
+                plan = RunPlan.with_value(config.model_copy(update={"epsilon": total}), value)
+                config = plan.config
+        if plan.size_count is not None:  # the run's stage 1 (docs/privacy.md, "The dataset size")
+            console.print(f"N not declared: a DP count of N (discrete Laplace, pure DP) spends epsilon "
+                          f"{config.size_epsilon:.4g} first; the search is calibrated to the remaining "
+                          f"{config.search_epsilon:.4g}, and the two add up (basic composition)")
         console.print("epsilon of the whole run under each accountant:")
-        values = {}
-        for accountant in default_accountants():
-            values[accountant.name] = accountant.epsilon([event], delta)
+        values = plan.epsilons(delta, default_accountants())
         for name, value in values.items():
             console.print(f"  {name:>10}: {value:.4f}")
         console.print(f"  {'used':>10}: {min(values.values()):.4f} (smallest valid bound)")

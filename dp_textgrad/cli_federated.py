@@ -7,14 +7,17 @@ from typing import Optional
 
 import typer
 
+from dp_textgrad.cli_common import _guarded, console
+
 
 def federated(
     silos: Optional[Path] = typer.Option(None, "--silos", "-s", help="the federation's settings (silos.yaml: task, "
                                                                      "engine, dp, output, federation)"),
     placement: Optional[str] = typer.Option(None, help="where the noise is added: central | distributed | local"),
-    jse: Optional[str] = typer.Option(None, help="James-Stein shrinkage: none | coordinator | silo"),
+    jse: Optional[str] = typer.Option(None, help="James-Stein shrinkage: none | coordinator | silo (placement "
+                                                 "local only)"),
     control_variate: Optional[bool] = typer.Option(None, "--control-variate/--no-control-variate",
-                                                   help="remove each silo's drift (distributed/local only)"),
+                                                   help="remove each silo's drift (placement local only)"),
     secure_aggregation: Optional[bool] = typer.Option(None, "--secure-aggregation/--no-secure-aggregation",
                                                       help="distributed only: the coordinator sees only the sum "
                                                            "of the silos' values (Flower SecAgg+)"),
@@ -30,7 +33,7 @@ def federated(
                                                                  "checkpoint, with the settings it saved"),
 ) -> None:
     """Optimise one prompt over several silos that never pool their records (docs/federated.md)."""
-    from dp_textgrad import cli, runs
+    from dp_textgrad import runs
 
     holder: dict[str, Path] = {}
     given = {"--silos": silos, "--placement": placement, "--jse": jse, "--control-variate": control_variate,
@@ -60,16 +63,16 @@ def federated(
                 raise ValueError("transport: the Flower simulation needs the federated extra: pip install "
                                  "'dp-textgrad[federated]' (or pass --transport in_process)") from None
         where = f"{len(fed.silos)} silos" if fed.silos else f"{fed.split.silos} simulated silos (alpha {fed.split.alpha:g})"
-        cli.console.print(f"[bold]Federated DP-ES[/]{' (resumed)' if resume is not None else ''}: {where}, noise "
-                          f"placement [bold]{fed.placement}[/], "
-                          f"JSE {fed.jse}, control variate {'on' if fed.control_variate else 'off'}, "
-                          f"secure aggregation {'on' if fed.secure_aggregation else 'off'}, "
-                          f"epsilon {settings.dp.epsilon:g}, transport {fed.transport}", soft_wrap=True)
+        console.print(f"[bold]Federated DP-ES[/]{' (resumed)' if resume is not None else ''}: {where}, noise "
+                      f"placement [bold]{fed.placement}[/], "
+                      f"JSE {fed.jse}, control variate {'on' if fed.control_variate else 'off'}, "
+                      f"secure aggregation {'on' if fed.secure_aggregation else 'off'}, "
+                      f"epsilon {settings.dp.epsilon:g}, transport {fed.transport}", soft_wrap=True)
 
         def progress(report) -> None:  # released fields only (the metrics channel)
-            cli.console.print(f"generation {report.generation}: best DP estimate {report.best_estimate:.3f} "
-                              f"(noise std {report.noise_std_estimate:.3f}), epsilon spent {report.epsilon_spent:.3f}",
-                              highlight=False)
+            console.print(f"generation {report.generation}: best DP estimate {report.best_estimate:.3f} "
+                          f"(noise std {report.noise_std_estimate:.3f}), epsilon spent {report.epsilon_spent:.3f}",
+                          highlight=False)
 
         if resume is None:
             holder["dir"] = runs.new_run_dir(settings.output.runs_root, prefix="federated")
@@ -92,17 +95,17 @@ def federated(
         return settings
 
     def _print_outcome(outcome) -> None:
-        cli.console.print(f"Released prompt: {outcome.result.prompt}", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"Released prompt: {outcome.result.prompt}", highlight=False, markup=False, soft_wrap=True)
         for g in outcome.federation["guarantees"]:
-            cli.console.print(f"  ({g['epsilon']:.3f}, {g['delta']:.1e})-DP per record against {g['against']} "
-                              f"[{g['holds_if']}]", highlight=False, markup=False, soft_wrap=True)
+            console.print(f"  ({g['epsilon']:.3f}, {g['delta']:.1e})-DP per record against {g['against']} "
+                          f"[{g['holds_if']}]", highlight=False, markup=False, soft_wrap=True)
         evaluation = outcome.federation.get("evaluation")
         if evaluation:
-            cli.console.print(f"Test accuracy (not covered by DP): seed {evaluation['seed_accuracy']:.3f} -> released "
-                              f"{evaluation['released_accuracy']:.3f} on {evaluation['n_test']} records", highlight=False)
-        cli.console.print(f"Run directory: {outcome.run_dir}", soft_wrap=True, markup=False, highlight=False)
+            console.print(f"Test accuracy (not covered by DP): seed {evaluation['seed_accuracy']:.3f} -> released "
+                          f"{evaluation['released_accuracy']:.3f} on {evaluation['n_test']} records", highlight=False)
+        console.print(f"Run directory: {outcome.run_dir}", soft_wrap=True, markup=False, highlight=False)
 
-    cli._guarded(action, lambda: holder.get("dir"), command="federated")
+    _guarded(action, lambda: holder.get("dir"), command="federated")
 
 
 def federated_split(
@@ -113,7 +116,6 @@ def federated_split(
     out: Path = typer.Option(Path("silos"), help="directory for silo-NN.csv and silos.yaml"),
 ) -> None:
     """Write a non-IID split of a built-in task into silo CSV files and a silos.yaml that uses them."""
-    from dp_textgrad import cli
 
     def action() -> None:
         import csv
@@ -135,15 +137,16 @@ def federated_split(
                 writer = csv.writer(handle)
                 writer.writerow(["text", "label"])
                 writer.writerows([records[int(j)].text, records[int(j)].label] for j in part)
-            # The silo's size, declared public (as every run treats it): a deployment needs it.
+            # The silo's size, declared public (a deployment needs it; without it a run on one machine
+            # has each silo release a DP count instead, docs/federated.md "The dataset size").
             lines += [f"    - name: {name}", f"      train: {name}.csv", f"      size: {len(part)}"]
         (out / "silos.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
         mix = label_mix([r.label for r in records], parts, the_task.labels)
-        cli.console.print(f"{silos} silos of {task} (alpha {alpha:g}) in {out}: sizes {[len(p) for p in parts]}; "
-                          f"largest label share per silo {np.round(mix.max(axis=1), 2).tolist()}", soft_wrap=True,
-                          highlight=False)
+        console.print(f"{silos} silos of {task} (alpha {alpha:g}) in {out}: sizes {[len(p) for p in parts]}; "
+                      f"largest label share per silo {np.round(mix.max(axis=1), 2).tolist()}", soft_wrap=True,
+                      highlight=False)
 
-    cli._guarded(action, lambda: None)
+    _guarded(action, lambda: None)
 
 
 def federated_app(
@@ -154,7 +157,6 @@ def federated_app(
                                                       "SuperLink's machine)"),
 ) -> None:
     """Write the Flower App that runs this federation across machines with `flwr run` (docs/federated.md)."""
-    from dp_textgrad import cli
 
     def action() -> None:
         from dp_textgrad.federated.config import load_federated_settings
@@ -162,13 +164,13 @@ def federated_app(
 
         app_dir = write_app(silos, out, runs_root)
         names = [s.name for s in load_federated_settings(silos).federation.silos or []]
-        cli.console.print(f"Flower App written to {app_dir}. At each organisation, next to its data and with its "
-                          "copy of the settings file:", soft_wrap=True, markup=False, highlight=False)
+        console.print(f"Flower App written to {app_dir}. At each organisation, next to its data and with its "
+                      "copy of the settings file:", soft_wrap=True, markup=False, highlight=False)
         for name in names:
-            cli.console.print(f"  flower-supernode --superlink LINK_HOST:9091 --node-config "
-                              f"'settings=\"{Path(silos).name}\" silo=\"{name}\"' ...", soft_wrap=True, markup=False,
-                              highlight=False)
-        cli.console.print(f"Then: flwr run {app_dir} CONNECTION --stream (a SuperLink connection in "
-                          "$FLWR_HOME/config.toml)", soft_wrap=True, markup=False, highlight=False)
+            console.print(f"  flower-supernode --superlink LINK_HOST:9091 --node-config "
+                          f"'settings=\"{Path(silos).name}\" silo=\"{name}\"' ...", soft_wrap=True, markup=False,
+                          highlight=False)
+        console.print(f"Then: flwr run {app_dir} CONNECTION --stream (a SuperLink connection in "
+                      "$FLWR_HOME/config.toml)", soft_wrap=True, markup=False, highlight=False)
 
-    cli._guarded(action, lambda: None)
+    _guarded(action, lambda: None)

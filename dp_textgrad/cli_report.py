@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from dp_textgrad.cli_common import EXIT_BAD_INPUT, _bad_input_types, _fail, console
+
 
 def report(
     run_dir: Path = typer.Argument(..., help="a run directory under runs/"),
@@ -17,7 +19,6 @@ def report(
                                                                         "headless Chromium draws it (implies --check)"),
 ) -> None:
     """Rebuild report.md and report.html of a finished run."""
-    from dp_textgrad import cli  # the shared console and error handling (imported when the command runs)
 
     try:
         from dp_textgrad.report import HTML_NAME, write_report
@@ -25,9 +26,9 @@ def report(
         if not run_dir.is_dir():
             raise FileNotFoundError(f"run_dir: {run_dir} is not a directory")
         path = write_report(run_dir)
-    except cli._bad_input_types() as exc:
-        cli._fail(exc, cli.EXIT_BAD_INPUT)
-    cli.console.print(f"Report: {path} and {path.with_name(HTML_NAME)}", soft_wrap=True)
+    except _bad_input_types() as exc:
+        _fail(exc, EXIT_BAD_INPUT)
+    console.print(f"Report: {path} and {path.with_name(HTML_NAME)}", soft_wrap=True)
     if not (check or screenshot):
         return
     from dp_textgrad.report.browser import BrowserUnavailable, check_page
@@ -38,10 +39,10 @@ def report(
         if not verdict.ok:
             raise RuntimeError(f"report.html: {len(verdict.errors)} error(s) {verdict.errors[:3]} and "
                                f"{len(verdict.broken_images)} image(s) that do not display {verdict.broken_images[:3]}")
-        cli.console.print(f"Chromium: no errors, {verdict.images} image(s) displayed")
+        console.print(f"Chromium: no errors, {verdict.images} image(s) displayed")
         if screenshot:
-            cli.console.print(f"Screenshot: {take_screenshot(path.with_name(HTML_NAME), screenshot)}", soft_wrap=True)
+            console.print(f"Screenshot: {take_screenshot(path.with_name(HTML_NAME), screenshot)}", soft_wrap=True)
     except BrowserUnavailable as exc:
-        cli._fail(ValueError(f"--check/--screenshot: {exc}"), cli.EXIT_BAD_INPUT)
+        _fail(ValueError(f"--check/--screenshot: {exc}"), EXIT_BAD_INPUT)
     except (RuntimeError, OSError) as exc:
-        cli._fail(exc, 1)
+        _fail(exc, 1)

@@ -41,6 +41,8 @@ def lifetime_event(status: Any) -> dict[str, Any]:
         "event": "lifetime", "lifetime_epsilon": status.before.epsilon,
         "lifetime_epsilon_with_plan": status.with_plan, "lifetime_accountant": status.before.accountant,
         "lifetime_cap": status.cap, "lifetime_cap_overridden": status.overridden, "store": str(status.store),
+        "lifetime_delta": status.before.delta, "lifetime_filter_epsilon": status.before.filter_epsilon,
+        "lifetime_filter_epsilon_with_plan": status.with_plan_filter, "dataset_key": status.dataset_key,
     })
 
 

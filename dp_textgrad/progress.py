@@ -158,7 +158,8 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
         resumed = ""
         if resume:
             lost = (f"; {optimizer.interrupted_charges} of its {len(optimizer.ledger.entries)} charge(s) belong to an "
-                    "interrupted generation: they stay spent, and that generation runs again"
+                    "interrupted generation: they stay spent; that generation runs again and takes them over where "
+                    "that is sound (docs/privacy.md, Interruptions), else charges again"
                     if optimizer.interrupted_charges else "")
             resumed = (f" Resuming at generation {optimizer.generation + 1} of {cfg.generations}: epsilon "
                        f"{spent:.4g} of {cfg.epsilon} already spent{lost}.")
@@ -166,7 +167,8 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
             f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
             f"({cfg.generations} generations x {cfg.population} candidates, q = {cfg.sampling_rate:.4f}, "
             f"about {cfg.sampling_rate * optimizer.public_dataset_size:.0f} of N = {optimizer.public_dataset_size} "
-            "private records (N is public) "
+            + ("private records (N declared public) " if cfg.dataset_size is not None else
+               f"private records (N a DP count, epsilon {cfg.size_epsilon:.3g} of the budget) ") +
             f"per generation).{resumed}\n[bold]Mechanism[/]: {mech}."
         )
         console.print(f"[bold]Records[/]: private records longer than {cfg.max_record_tokens} engine tokens are "

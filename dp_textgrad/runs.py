@@ -40,6 +40,8 @@ PLOTS_DIR = "plots"
 AUDIT_NAME = "audit.json"
 CLI_SETTINGS_NAME = "cli_settings.json"
 OPERATOR_DIR = "operator"
+RELEASES_DIR = "releases"        # under operator/: the write-ahead journal of releases, one file per charge
+RUN_SECRET_NAME = "run_secret"   # under operator/: the seed of every charge's subsample (never released)
 OPERATOR_README = (
     "Operator-only values: derived from private data WITHOUT noise (real usage, tokens and wall time of\n"
     "the private scoring phase; raw engine error text). They are not covered by the run's (epsilon, delta)\n"
@@ -80,10 +82,77 @@ class RunDir:
     def prompt(self) -> Path:
         return self.path / PROMPT_NAME
 
+    @property
+    def releases(self) -> Path:
+        """The journal of releases (operator-only): ``releases/<ledger index>.json``."""
+        return self.path / OPERATOR_DIR / RELEASES_DIR
+
+    @property
+    def run_secret(self) -> Path:
+        return self.path / OPERATOR_DIR / RUN_SECRET_NAME
+
     def read_state(self) -> RunState:
         if not self.checkpoint.exists():
-            raise FileNotFoundError(f"resume: no {CHECKPOINT_NAME} in {self.path}; is this a run directory?")
+            raise FileNotFoundError(self.missing_checkpoint_message())
         return RunState.from_dict(read_json(self.checkpoint))
+
+    def resume_state(self) -> RunState:
+        """The checkpoint a resumed run continues from; metrics lines past it are dropped (the
+        generations they describe are run again, from the journal where it has their releases)."""
+        state = self.read_state()
+        self.trim_metrics(state.generation)
+        return state
+
+    def saved_config(self) -> dict[str, Any]:
+        """The run's DP configuration: config.json's, or the checkpoint's when a kill came between
+        the first checkpoint and config.json."""
+        if self.config.is_file():
+            return dict(read_json(self.config)["config"])
+        return dict(self.read_state().config)
+
+    def charges_recorded(self) -> int:
+        """Entries in the ledger file (0 when there is none): lines after its header."""
+        if not self.ledger.is_file():
+            return 0
+        lines = [line for line in self.ledger.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return max(0, len(lines) - 1)
+
+    def missing_checkpoint_message(self) -> str:
+        """Why ``--resume`` cannot continue a directory without a checkpoint, and what to do instead."""
+        if (self.path / CLI_SETTINGS_NAME).is_file():
+            again = (f"start it again with `dp-textgrad optimize` and the same settings (saved in "
+                     f"{self.path / CLI_SETTINGS_NAME})")
+        elif self.config.is_file():
+            again = f"start a new run with the same settings (saved in {self.config})"
+        else:
+            return f"resume: no {CHECKPOINT_NAME} in {self.path}; is this a run directory?"
+        charged = self.charges_recorded()
+        if charged == 0:  # a checkpoint is written before the first charge: without one, nothing was charged
+            return (f"resume: the run in {self.path} stopped before its first charge, so nothing was spent and "
+                    f"there is nothing to resume; {again}")
+        return (f"resume: the run in {self.path} stopped before its first checkpoint; its {charged} charge(s) stay "
+                f"in its ledger and there is nothing to resume; {again}")
+
+    def read_or_create_secret(self) -> tuple[bytes, bool]:
+        """The run's secret (128 bits from ``secrets``, operator-only), and whether it existed
+        before this call. Written atomically before the first charge; never released."""
+        if self.run_secret.is_file():
+            return bytes.fromhex(self.run_secret.read_text(encoding="ascii").strip()), True
+        secret = secrets.token_bytes(16)
+        operator_dir(self.path)
+        _io.atomic_write_text(self.run_secret, secret.hex() + "\n")
+        return secret, False
+
+    def trim_metrics(self, generations: int) -> None:
+        """Keep the metrics lines of generations before ``generations`` (on resume: a line written
+        for a generation whose checkpoint was not, is written again when it is replayed)."""
+        for path in (self.metrics, self.path / OPERATOR_DIR / METRICS_NAME):
+            if not path.is_file():
+                continue
+            lines = list(_io.read_jsonl(path))
+            kept = [line for line in lines if int(line.get("generation", -1)) < generations]
+            if len(kept) != len(lines):
+                _io.atomic_write_text(path, "".join(json.dumps(line, sort_keys=True) + "\n" for line in kept))
 
     def write_state(self, state: RunState) -> None:
         _io.atomic_write_json(self.checkpoint, release.released("checkpoint", state.to_dict()))

@@ -97,6 +97,12 @@ class OutputSection(_Section):
                                           description="refuse a run that would push its dataset's lifetime "
                                                       "epsilon past this (default: no cap, only shown)")
     override_lifetime_cap: bool = Field(False, description="run even past the lifetime cap (the ledger says so)")
+    dataset_key: Optional[str] = Field(None, min_length=1, max_length=200,
+                                       description="the dataset's name in the lifetime store, shared by its versions "
+                                                   "(public; default: a fingerprint of the exact records)")
+    lifetime_delta: Optional[float] = Field(None, gt=0, lt=1, allow_inf_nan=False,
+                                            description="the dataset's lifetime delta (default: fixed by its first "
+                                                        "run)")
     mlflow: Optional[str] = Field(None, description="log the run to MLflow at this tracking URI, e.g. "
                                                      "file:./mlruns ('default': MLFLOW_TRACKING_URI or MLflow's default)")
     mlflow_experiment: str = Field("dp-textgrad", min_length=1, description="MLflow experiment name")
@@ -105,7 +111,8 @@ class OutputSection(_Section):
         from dp_textgrad.lifetime import LifetimeOptions
 
         return LifetimeOptions(store=self.lifetime_store, cap=self.lifetime_cap,
-                               override_cap=self.override_lifetime_cap)
+                               override_cap=self.override_lifetime_cap, dataset_key=self.dataset_key,
+                               delta=self.lifetime_delta)
 
 
 class DistributedSection(_Section):

@@ -76,14 +76,14 @@ class RunOutcome:
 
 def build_optimizer(task: ClassificationTask, engine: Any, config: DPESConfig, run_dir: Path,
                     seed_prompt: str | None = None, resume: bool = False,
-                    scoring: ScoringFactory | None = None) -> DPEvolutionStrategy:
+                    scoring: ScoringFactory | None = None, ledger: Any = None) -> DPEvolutionStrategy:
     tg = import_textgrad()
     prompt = tg.Variable(seed_prompt if seed_prompt is not None else task.seed_prompt,
                          role_description="instruction prompt for the classifier", requires_grad=True)
     if resume:
         return DPEvolutionStrategy.resume(run_dir, [prompt], task=task, engine=engine, scoring=scoring)
     return DPEvolutionStrategy([prompt], task=task, engine=engine, config=config, checkpoint_dir=run_dir,
-                               scoring=scoring)
+                               scoring=scoring, ledger=ledger)
 
 
 def run(
@@ -103,6 +103,7 @@ def run(
     lifetime: LifetimeOptions | None = None,
     on_lifetime: Callable[[LifetimeStatus], None] | None = None,
     scoring: ScoringFactory | None = None,
+    ledger: Any = None,
 ) -> RunOutcome:
     """Run (or resume) DP-ES on ``task`` into a run directory and release its prompt.
 
@@ -110,7 +111,8 @@ def run(
     ``<runs_root>/operator/lifetime_budget.sqlite``, no cap); ``on_lifetime`` sees its status before
     the first charge. The run log gets a line when the run starts and one when it ends.
     ``scoring`` builds where private records are scored (default: in this process; see
-    ``dp_textgrad.distributed.RayScoringPool``).
+    ``dp_textgrad.distributed.RayScoringPool``). ``ledger``: a fresh run's ledger that already holds
+    a completed stage (a federated run's silo counts of N, ``dp_textgrad.federated.run``).
     """
     started = time.perf_counter()
     started_at = runs.utc_now()  # before any private record is read: times nothing private
@@ -122,14 +124,21 @@ def run(
         raise ConfigError(f"resume: the run in {directory} has finished"
                           + ("; its missing run-log line was restored" if restored else "")
                           + "; rebuild its report with `dp-textgrad report RUN_DIR` or start a new run")
+    options = lifetime or LifetimeOptions()
+    # A fresh run that counts N charges the count first: its ledger goes to the lifetime store before.
+    link = None if resume else lifetime_link.link_before_count(config, task, options, runs_root=directory.parent,
+                                                                run_id=directory.name, label=task_name,
+                                                                ledger=ledger)
     optimizer = build_optimizer(task, engine, config, directory, seed_prompt=seed_prompt, resume=resume,
-                                scoring=scoring)
-    status = lifetime_link.attach(optimizer, task, lifetime or LifetimeOptions(), runs_root=directory.parent,
-                                  run_id=directory.name, label=task_name, resume=resume)
+                                scoring=scoring, ledger=link.ledger if link is not None else ledger)
+    status = lifetime_link.attach(optimizer, task, options, runs_root=directory.parent,
+                                  run_id=directory.name, label=task_name, resume=resume, link=link)
     if status is not None and on_lifetime is not None:
         on_lifetime(status)
-    seed_text = optimizer.variable.value if not resume else runs.read_json(directory / runs.CONFIG_NAME)["seed_prompt"]
-    if not resume:
+    # A resumed run killed between its first checkpoint and config.json ran no generation: its prompt is the seed.
+    written = resume and runs.RunDir(directory).config.is_file()
+    seed_text = runs.read_json(directory / runs.CONFIG_NAME)["seed_prompt"] if written else optimizer.variable.value
+    if not written:
         runs.write_released_json(directory, runs.CONFIG_NAME, "config", {
             "task": task_name,
             "engine": engine_name,

@@ -43,10 +43,7 @@ def llama_engine():
 
 
 # OpenAI-compatible engines: a fault-injecting fake server and the real llama.cpp server.
-try:
-    from tests.conftest_openai import fault_server, llama_server, openai_fake_engine, openai_llama_engine  # noqa: F401,E402,E501
-except ImportError:  # plain `pytest`: tests/ is on sys.path
-    from conftest_openai import fault_server, llama_server, openai_fake_engine, openai_llama_engine  # noqa: F401,E402,E501
+from tests.conftest_openai import fault_server, llama_server, openai_fake_engine, openai_llama_engine  # noqa: F401,E402,E501
 
 
 @pytest.fixture(scope="session")
@@ -58,10 +55,7 @@ def transformers_tiny_engine():
     torch = pytest.importorskip("torch", reason="needs the [hf] extra: pip install 'dp-textgrad[hf]'")
     pytest.importorskip("transformers", reason="needs the [hf] extra: pip install 'dp-textgrad[hf]'")
     pytest.importorskip("tokenizers", reason="needs the [hf] extra: pip install 'dp-textgrad[hf]'")
-    try:
-        from tests.tiny_hf import make_byte_tokenizer, make_model
-    except ImportError:  # plain `pytest`: tests/ is on sys.path
-        from tiny_hf import make_byte_tokenizer, make_model
+    from tests.tiny_hf import make_byte_tokenizer, make_model
     from dp_textgrad.engines.transformers_engine import TransformersEngine
 
     previous_threads = torch.get_num_threads()

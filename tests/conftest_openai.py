@@ -13,10 +13,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.servers import FaultServer, LlamaCppServer
-except ImportError:  # tests/ itself is on sys.path (pytest's rootdir-less import mode)
-    from servers import FaultServer, LlamaCppServer  # type: ignore[no-redef]
+from tests.servers import FaultServer, LlamaCppServer
 
 LLAMA_MODEL_ALIAS = "gemma-3-270m"
 

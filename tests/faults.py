@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dp_textgrad import cli
+from dp_textgrad.dp_es.size_count import SIZE_COUNT_LABEL
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.privacy.accounting import PrivacyLedger
 from dp_textgrad.privacy.accounting.lifetime import LifetimeBudget
@@ -290,8 +291,9 @@ class FaultLab:
         return LifetimeBudget(self.store_path)
 
     def lifetime(self) -> float:
+        """The dataset's lifetime filter bound (at its lifetime delta): what the cap is checked against."""
         store = self.store()
-        return max((store.total(d, 1e-5).epsilon for d in store.datasets()), default=0.0)
+        return max((store.total(d).filter_epsilon for d in store.datasets()), default=0.0)
 
     def charges(self) -> int:
         store = self.store()
@@ -439,7 +441,10 @@ class FaultLab:
         (:meth:`reconcile` checks at the end that no charge in the store lacks a run directory)."""
         run_dir = self.run_dir(runs_root)
         if run_dir is None or not (run_dir / "checkpoint.json").exists():
-            if run_dir is not None and self.store().entries(run_dir.name):
+            charged = self.store().entries(run_dir.name) if run_dir is not None else []
+            # Only the DP count of N may come before the first checkpoint (the checkpoint holds the plan
+            # made from it): a run killed there keeps that charge, released nothing, and is started again.
+            if any(entry["label"] != SIZE_COUNT_LABEL for entry in charged):
                 raise FaultCheckFailed(f"{run_dir.name}: charged without a checkpoint to resume from")
             self.tally.ended_before_first_charge += 1
             self.check_lifetime()
@@ -535,6 +540,13 @@ def reconcile(root: Path, store_path: Path) -> int:
             if run.run_id not in run_dirs:
                 raise FaultCheckFailed(f"{run.run_id}: charged in the store but no run directory")
             held = ledger_entries(run_dirs[run.run_id])
+            if not (run_dirs[run.run_id] / "checkpoint.json").exists() and not held \
+                    and all(e["label"] == SIZE_COUNT_LABEL for e in recorded):
+                # Killed after the store recorded the DP count of N and before the ledger file did, with
+                # no checkpoint yet: the store keeps the charge (it is the lifetime's truth), nothing was
+                # released and the run cannot be resumed (it is started again).
+                compared += len(recorded)
+                continue
             if [_entry_key(e) for e in held] != [_entry_key(e) for e in recorded]:
                 raise FaultCheckFailed(f"{run.run_id}: ledger and store differ at the end")
             compared += len(recorded)
@@ -584,3 +596,62 @@ def run_lanes(root: Path, lanes: int, trial: Callable[[FaultLab], None], *, seed
 
 
 __all__ = ["FaultCheckFailed", "FaultLab", "Tally", "reconcile", "run_lanes"]
+
+
+# -- kills at named points of a run (the replay tests of tests/test_fault_injection.py) ----------
+def kill_at_call(owner: object, name: str, call: int = 1, *, after: bool = False,
+                 when: Callable[..., bool] | None = None) -> Callable[[], None]:
+    """A child setup: SIGKILL itself at the ``call``-th call of ``owner.name`` (counting only the
+    calls whose arguments satisfy ``when``), before the call runs or (``after``) once it returned."""
+
+    def setup() -> None:
+        real = getattr(owner, name)
+        count = {"n": 0}
+
+        def wrapper(*args, **kwargs):
+            counted = when is None or when(*args, **kwargs)
+            count["n"] += counted
+            if counted and count["n"] == call and not after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            out = real(*args, **kwargs)
+            if counted and count["n"] == call and after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+
+        setattr(owner, name, wrapper)
+
+    return setup
+
+
+def kill_before_any(*targets: tuple[object, str]) -> Callable[[], None]:
+    """A child setup: SIGKILL itself at the first call of any of ``targets`` (before it runs)."""
+
+    def setup() -> None:
+        for owner, name in targets:
+            kill_at_call(owner, name)()
+
+    return setup
+
+
+# Public costs: a resumed run repeats its preflight (public text), so they may differ.
+PUBLIC_COSTS = ("public_calls", "public_prompt_tokens", "public_completion_tokens", "public_usage")
+
+
+def _without_costs(payload: dict) -> dict:
+    kept = {k: v for k, v in payload.items() if k not in PUBLIC_COSTS}
+    if "history" in kept:
+        kept["history"] = [_without_costs(line) for line in kept["history"]]
+    return kept
+
+
+def released_files(run_dir: Path) -> dict[str, object]:
+    """What a run released that two runs under the same seeds must share: the prompt, result.json
+    (released part, its wall time is operator-only), metrics.jsonl and the ledger's charges; the
+    public costs left out (see ``PUBLIC_COSTS``)."""
+    result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+               if line.strip()]
+    charges = [(e["index"], e["label"], json.dumps(e["event"], sort_keys=True), json.dumps(e["metadata"], sort_keys=True),
+                e["epsilon"]) for e in ledger_entries(run_dir)]
+    return {"prompt": (run_dir / "released_prompt.txt").read_text(encoding="utf-8"), "result": _without_costs(result),
+            "metrics": [_without_costs(line) for line in metrics], "ledger": charges}

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.subprocess_driver import run_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = REPO_ROOT / "benchmarks" / "accounting.py"
@@ -62,9 +63,7 @@ def test_solve_reports_unreachable_targets() -> None:
 @pytest.mark.slow  # about a minute: the library's own calibrations of Gaussian runs take seconds each
 def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
     output = tmp_path / "accounting.json"
-    completed = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--output", str(output)],
-                               capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_script(SCRIPT, "--quick", "--output", str(output), timeout=900, cwd=tmp_path)
     assert list(tmp_path.iterdir()) == [output]  # nothing else written
     assert "lib/basic" in completed.stdout and "wrote" in completed.stdout
     result = json.loads(output.read_text())
@@ -127,8 +126,8 @@ def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
     from dp_textgrad.dp_es.plan import RunPlan
 
     case = cases["exponential"]
-    config = DPESConfig(**{k: v for k, v in case["config"].items()
-                           if k not in ("dataset_size", "expected_records_per_generation")})
+    # The benchmark declares N (public): no DP count of N in its plans.
+    config = DPESConfig(**{k: v for k, v in case["config"].items() if k != "expected_records_per_generation"})
     fresh = {a.name: a for a in default_accountants()}
     for row in case["noise"]:
         for name in accountants:
@@ -144,3 +143,35 @@ def test_accounting_benchmark_smoke(tmp_path: Path) -> None:
     assert summary["rows_checked"] == len(rows)
     assert len(summary["misses"]) == sum((not r["meets_basic_target"]) + (not r["meets_advanced_target"]) for r in rows)
     assert bench.tables(result["cases"], markdown=True).count("\n|") >= len(rows) + 4
+
+
+def test_pure_rows_print_within_one_percent_of_exact() -> None:
+    """The benchmark's pure-DP rows (issue 35): printed epsilon <= 1.01 x the exact value of the
+    same composition, never below it for permute-and-flip (pure DP only)."""
+    bench = load_benchmark()
+    for row in bench.PURE_ROWS:
+        result = bench.run_pure_row(row)
+        assert result["within_one_percent"], result
+        assert result["printed"] <= bench.PURE_TIGHTNESS * result["exact"], result
+        if row.selection == "permute_and_flip":
+            assert result["printed"] >= result["exact"] * (1 - 1e-8), result
+        if row.budget is not None:
+            assert result["printed"] <= row.budget
+
+
+def test_pure_rows_refuse_a_plan_that_is_not_the_composition_checked() -> None:
+    bench = load_benchmark()
+    row = bench.PureRow("two_generations_short", "permute_and_flip", 1, 0.01, 2, 1e-5, epsilon0=0.5)
+    assert bench.run_pure_row(row)["generations"] == 2
+    # A final selection adds a part the exact sum does not have: the row must refuse, not compare.
+    original = bench.DPESConfig
+
+    def with_final(**kwargs):
+        return original(**{**kwargs, "final_selection": "exponential"})
+
+    bench.DPESConfig = with_final
+    try:
+        with pytest.raises(RuntimeError, match="is not 2 x"):
+            bench.run_pure_row(row)
+    finally:
+        bench.DPESConfig = original

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.subprocess_driver import run_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +61,7 @@ def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
 
 
 def test_flatstart_runs_turn_the_structured_start_off(monkeypatch) -> None:
-    from helpers import support_engine
+    from tests.helpers import support_engine
 
     from dp_textgrad.dp_es.mutation.mutator import Mutator
     from dp_textgrad.tasks.synthetic import make_support_task
@@ -169,12 +170,9 @@ def test_privacy_utility_smoke(tmp_path: Path) -> None:
     if not (data_root / "sst2" / "train.tsv").is_file():
         pytest.skip(f"SST-2 data not found under {data_root}; set DP_TEXTGRAD_DATA")
     output = tmp_path / "pu.json"
-    completed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "privacy_utility.py"), "--plan", "smoke",
-         "--work-dir", str(tmp_path / "work"), "--output", str(output), "--img-dir", str(tmp_path / "img")],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    script, env = REPO_ROOT / "benchmarks" / "privacy_utility.py", {**os.environ, "DP_TEXTGRAD_DATA": str(data_root)}
+    run_script(script, "--plan", "smoke", "--work-dir", str(tmp_path / "work"), "--output", str(output),
+               "--img-dir", str(tmp_path / "img"), timeout=900, cwd=tmp_path, env=env)
     result = json.loads(output.read_text())
     assert set(result) >= {"regimes", "runs", "machine", "date", "command", "code_version", "schedule"}
     methods = result["regimes"]["smoke"]["methods"]
@@ -192,21 +190,13 @@ def test_privacy_utility_smoke(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "img").iterdir()) == [
         "privacy_utility_accuracy_vs_epsilon.png", "privacy_utility_accuracy_vs_generation.png"]
     # Resuming finds every run done and only rebuilds the summary.
-    again = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "privacy_utility.py"), "--plan", "smoke",
-         "--work-dir", str(tmp_path / "work"), "--output", str(output), "--no-plots"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = run_script(script, "--plan", "smoke", "--work-dir", str(tmp_path / "work"), "--output", str(output),
+                       "--no-plots", timeout=300, cwd=tmp_path, env=env)
     assert "6 runs already" in again.stdout
     # A fresh checkout extends the grid from the committed results instead of rerunning it.
-    restored = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "privacy_utility.py"), "--plan", "smoke",
-         "--work-dir", str(tmp_path / "fresh"), "--output", str(tmp_path / "again.json"), "--no-plots",
-         "--restore-from", str(output)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "DP_TEXTGRAD_DATA": str(data_root)},
-    )
-    assert restored.returncode == 0, restored.stderr[-3000:]
+    restored = run_script(script, "--plan", "smoke", "--work-dir", str(tmp_path / "fresh"), "--output",
+                          str(tmp_path / "again.json"), "--no-plots", "--restore-from", str(output),
+                          timeout=300, cwd=tmp_path, env=env)
     assert "6 runs restored" in restored.stdout and "0 to do" in restored.stdout
     again_result = json.loads((tmp_path / "again.json").read_text())
     assert again_result["regimes"]["smoke"]["paired"] == result["regimes"]["smoke"]["paired"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.subprocess_driver import run_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,12 +21,8 @@ def test_engine_throughput_smoke(tmp_path: Path) -> None:
     if not (data_root / "sst2" / "dev.tsv").is_file():
         pytest.skip(f"SST-2 data not found under {data_root}; set DP_TEXTGRAD_DATA")
     output = tmp_path / "throughput.json"
-    completed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "engine_throughput.py"), "--records", "5", "--block", "5",
-         "--threads", "1", "--output", str(output)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )
-    assert completed.returncode == 0, completed.stderr[-2000:]
+    completed = run_script(REPO_ROOT / "benchmarks" / "engine_throughput.py", "--records", "5", "--block", "5",
+                           "--threads", "1", "--output", str(output), timeout=600, cwd=tmp_path)
     result = json.loads(output.read_text())
     assert set(result) >= {"ratios", "absolute", "machine", "date", "command", "code_version"}
     absolute = result["absolute"]
@@ -47,13 +43,9 @@ def test_scoring_speedups_smoke(tmp_path: Path) -> None:
     if not (data_root / "sst2" / "dev.tsv").is_file() or not (data_root / "banking77" / "test.tsv").is_file():
         pytest.skip(f"SST-2 or BANKING77 data not found under {data_root}; set DP_TEXTGRAD_DATA")
     output = tmp_path / "scoring_speedups.json"
-    completed = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "scoring_speedups.py"), "--candidates", "2", "--silos", "3",
-         "--records-per-silo", "1", "--banking-records", "3", "--block", "2", "--threads", "1",
-         "--data-dir", str(data_root), "--output", str(output)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    completed = run_script(REPO_ROOT / "benchmarks" / "scoring_speedups.py", "--candidates", "2", "--silos", "3",
+                           "--records-per-silo", "1", "--banking-records", "3", "--block", "2", "--threads", "1",
+                           "--data-dir", str(data_root), "--output", str(output), timeout=600, cwd=tmp_path)
     result = json.loads(output.read_text())
     prefixes, choices = result["prefixes"], result["choices"]
     assert prefixes["identical_scores"] is True
@@ -68,7 +60,6 @@ def test_scoring_speedups_smoke(tmp_path: Path) -> None:
 
 def test_federated_simulation_smoke() -> None:
     """The simulated-scores study of benchmarks/federated.py at a tiny size: its noise follows the placements."""
-    sys.path.insert(0, str(REPO_ROOT))
     from benchmarks.federated import simulate
 
     study = simulate(silo_counts=(4, 16), trials=20, pool=4000, q=0.05)
@@ -84,7 +75,6 @@ def test_federated_results_keep_each_run_and_pair_placements_by_seed(tmp_path: P
     """The LLM part's summary: per-run rows survive in the results file (prompt as a fingerprint),
     a grid continues from them on another machine, and each configuration is compared with
     `central` seed by seed."""
-    sys.path.insert(0, str(REPO_ROOT))
     from benchmarks.federated import markdown_tables, public_row, read_runs, restore_runs, summarise_llm
 
     def row(config: str, seed: int, accuracy: float) -> dict:

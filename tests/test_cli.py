@@ -97,9 +97,10 @@ def test_budget_calibrates_the_noise_of_the_run(finished_run) -> None:
 
 
 def test_budget_accounts_a_given_noise_under_every_accountant() -> None:
-    result = runner.invoke(cli.app, ["budget", "--noise-multiplier", "1.5", "--delta", "1e-5", *SCHEDULE_FLAGS])
+    result = runner.invoke(cli.app, ["budget", "--noise-multiplier", "1.5", "--delta", "1e-5", "--dataset-size", "1000",
+                                     *SCHEDULE_FLAGS])
     assert result.exit_code == 0, result.output
-    config = DPESConfig(**SCHEDULE, delta=1e-5)
+    config = DPESConfig(**SCHEDULE, delta=1e-5, dataset_size=1000)  # declared N: no count to plan
     event = RunPlan.with_value(config, 1.5).event
     expected = {a.name: a.epsilon([event], 1e-5) for a in default_accountants()}
     printed = printed_epsilons(result.output)
@@ -278,7 +279,8 @@ def test_optimize_interrupted_then_resumed(tmp_path, monkeypatch) -> None:
     assert f"--resume {run_dir}" in first.stderr
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["config"]["epsilon"] == 4.0  # the flag overrode the file
-    assert len(PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl").entries) == 1
+    # N is not declared: the DP count of N, then generation 0's charge.
+    assert len(PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl").entries) == 2
     assert json.loads((run_dir / "checkpoint.json").read_text())["generation"] == 1
     assert not (run_dir / "result.json").exists()
 
@@ -289,7 +291,9 @@ def test_optimize_interrupted_then_resumed(tmp_path, monkeypatch) -> None:
     assert second.exit_code == 0, second.output
     assert engines[-1].base_url == "http://127.0.0.1:8081/v1" and engines[-1].model == "local"
     ledger = PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl")
-    assert len(ledger.entries) == 2  # the first generation's charge is kept, one more was added
+    assert len(ledger.entries) == 3  # the count and the first generation's charge are kept, one more was added
+    assert [e.metadata["mechanism"] for e in ledger.entries].count("laplace_count") == 1  # never counted again
+    assert saved["dataset_size"] == json.loads((run_dir / "config.json").read_text())["dataset_size"]
     assert [m["generation"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["generations_run"] == 2

@@ -5,15 +5,29 @@ from outside), engine failures at random calls, a disk that fills at a random wr
 concurrent runs on one dataset under a lifetime cap. After each fault the run is resumed to
 its end and the invariants of ``tests/faults.py`` are checked: ledger and lifetime store
 agree, no entry is lost, epsilon never goes down. Two lanes run at once (one per core).
+
+Then kills at named points (after a charge, after a release, after a checkpoint): the resumed
+run must cost nothing, its ledger the plan atom for atom and its releases those of an
+uninterrupted run under the same seeds (docs/privacy.md, "Interruptions").
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.faults import FaultLab, run_lanes
+from dp_textgrad import runs
+from dp_textgrad.dp_es.config import DPESConfig
+from dp_textgrad.dp_es.plan import RunPlan
+from dp_textgrad.privacy.accounting import PrivacyLedger
+from dp_textgrad.privacy.accounting.serialize import event_to_dict
+from tests.faults import (FLAGS, FaultLab, kill_at_call, kill_before_any, ledger_entries, released_files, run_lanes,
+                          run_to_end, start, wait)
+from tests.test_cli import write_csv
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the harness forks runs (POSIX only)")
 
@@ -52,3 +66,109 @@ def test_concurrent_runs_on_one_dataset_keep_the_lifetime_cap(tmp_path) -> None:
     cut = codes.get(1, 0) + codes.get(2, 0) + codes.get(3, 0)
     assert cut >= 2, codes  # refused at the start, or stopped when the room was gone
     assert lab.lifetime() <= cap + 1e-9
+
+
+# -- a kill costs nothing: the resumed run is the uninterrupted one (docs/privacy.md, "Interruptions")
+REPLAY_SEED = 7  # insecure noise: two runs under the same seeds draw the same noise
+
+
+def _replay_argv(root: Path, runs_root: Path) -> list[str]:
+    return ["optimize", "--config", str(root / "run.toml"), "--train", str(root / "train.csv"),
+            "--test", str(root / "test.csv"), "--runs-root", str(runs_root), *FLAGS]
+
+
+@pytest.fixture(scope="module")
+def replay_lab(tmp_path_factory) -> tuple[Path, dict[str, object]]:
+    """The data, and what an uninterrupted run releases under the seeds (once for the module)."""
+    root = tmp_path_factory.mktemp("replay")
+    write_csv(root / "train.csv", 60)
+    write_csv(root / "test.csv", 5)
+    (root / "run.toml").write_text(f"[dp]\ninsecure_noise_seed = {REPLAY_SEED}\n", encoding="utf-8")
+    assert run_to_end(_replay_argv(root, root / "baseline")) == 0
+    (run_dir,) = (root / "baseline").glob("run-*")
+    return root, released_files(run_dir)
+
+
+def _generation_charge(t: int) -> Callable[..., bool]:
+    return lambda ledger, event, label, *args, **kwargs: label.startswith(f"generation {t}:")
+
+
+def _checkpoint_after(t: int) -> Callable[..., bool]:
+    return lambda run_dir, state: state.generation == t + 1
+
+
+# (what is patched, which of its calls, kill after it returned): the kill points of the replay tests.
+KILL_POINTS = {
+    # generation 1's charge is in the ledger; its subsample and noise were not drawn
+    "after a charge, before its release": (PrivacyLedger, "spend", _generation_charge(1), True),
+    # generation 1's scores and matrices were released (metrics.jsonl has its line); no checkpoint yet
+    "after a release, before the checkpoint": (runs.RunDir, "write_state", _checkpoint_after(1), False),
+    # generation 1 is checkpointed; generation 2 not begun
+    "after a checkpoint": (runs.RunDir, "write_state", _checkpoint_after(1), True),
+    # a checkpoint was written just before the first search charge, which was never made
+    "just before the first search charge": (PrivacyLedger, "spend", _generation_charge(0), False),
+}
+
+
+@pytest.mark.parametrize("where", list(KILL_POINTS))
+def test_a_killed_and_resumed_run_releases_what_an_uninterrupted_run_does(replay_lab, tmp_path, where) -> None:
+    root, uninterrupted = replay_lab
+    owner, name, when, after = KILL_POINTS[where]
+    runs_root = tmp_path / "runs"
+    assert run_to_end(_replay_argv(root, runs_root), setup=kill_at_call(owner, name, after=after, when=when)) is None
+    (run_dir,) = runs_root.glob("run-*")
+    assert wait(start(["optimize", "--resume", str(run_dir)])) == 0
+    resumed = released_files(run_dir)
+    # The ledger is the plan, atom for atom: the interrupted attempt's charge was adopted, not repeated.
+    assert resumed["ledger"] == uninterrupted["ledger"]
+    search = [json.loads(charge[2]) for charge in resumed["ledger"] if charge[1].startswith(("generation ", "final "))]
+    assert search == planned_atoms(run_dir)  # (before the search: the DP count of N, when it is planned)
+    assert resumed == uninterrupted
+
+
+def planned_atoms(run_dir: Path) -> list[dict]:
+    """The events the calibrated plan composes, one per charge, in order."""
+    config = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
+    plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
+    atoms = [event for t in range(config.generations)
+             for event in plan.generation(t, config.population).events(config.sampling_rate)]
+    final = plan.final()
+    atoms += [final.event(config.sampling_rate)] if final is not None else []
+    return [event_to_dict(event) for event in atoms]
+
+
+def test_resuming_a_run_killed_before_its_first_checkpoint_says_nothing_was_spent(replay_lab, tmp_path) -> None:
+    root, _ = replay_lab
+    runs_root = tmp_path / "runs"
+    killed = kill_before_any((runs.RunDir, "write_state"), (PrivacyLedger, "spend"))
+    assert run_to_end(_replay_argv(root, runs_root), setup=killed) is None
+    (run_dir,) = runs_root.glob("run-*")
+    from typer.testing import CliRunner
+
+    from dp_textgrad import cli
+
+    answer = CliRunner().invoke(cli.app, ["optimize", "--resume", str(run_dir)])
+    assert answer.exit_code == 2, answer.output
+    message = answer.stderr
+    assert "nothing was spent" in message and "is this a run directory" not in message, message
+    assert "dp-textgrad optimize" in message and "cli_settings.json" in message, message
+
+
+def test_with_secure_noise_a_kill_after_a_charge_costs_nothing_and_the_secret_stays_operator_only(
+        replay_lab, tmp_path) -> None:
+    root, _ = replay_lab
+    runs_root = tmp_path / "runs"
+    argv = _replay_argv(root, runs_root)
+    argv[argv.index("--config") + 1] = str(root / "secure.toml")
+    (root / "secure.toml").write_text("[dp]\n", encoding="utf-8")
+    killed = kill_at_call(PrivacyLedger, "spend", after=True, when=_generation_charge(1))
+    assert run_to_end(argv, setup=killed) is None
+    (run_dir,) = runs_root.glob("run-*")
+    assert wait(start(["optimize", "--resume", str(run_dir)])) == 0
+    entries = ledger_entries(run_dir)
+    assert [e["event"] for e in entries if e["label"].startswith(("generation ", "final "))] == planned_atoms(run_dir)
+    assert json.loads((run_dir / "result.json").read_text())["generations_run"] == 3
+    secret = runs.RunDir(run_dir).run_secret.read_text().strip()
+    assert len(secret) == 32
+    released = [p for p in run_dir.rglob("*") if p.is_file() and runs.OPERATOR_DIR not in p.relative_to(run_dir).parts]
+    assert released and not [p for p in released if secret in p.read_text(encoding="utf-8", errors="replace")]

@@ -4,14 +4,14 @@ no file and makes no network attempt."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+from tests.subprocess_driver import run_driver
+
+PROBE_IMPORTS = "import socket, sys"
 PROBE = textwrap.dedent(
     """
-    import socket, sys
     attempts = []
     real_connect = socket.socket.connect
     def guarded(self, address):
@@ -56,9 +56,7 @@ def test_import_writes_nothing_and_stays_offline(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in {"TEXTGRAD_LOG_DIR", "LITELLM_LOCAL_MODEL_COST_MAP"}}
     env.update(HOME=str(home), TMPDIR=str(tmpdir), PYTHONDONTWRITEBYTECODE="1")
     before = {d: _snapshot(d) for d in (home, work, tmpdir)}
-    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_driver(PROBE_IMPORTS, PROBE, cwd=work, env=env, timeout=180)
     assert "ATTEMPTS 0" in proc.stdout, proc.stdout
     assert "LITELLM_LOADED False" in proc.stdout and "CALL forwarded m1" in proc.stdout, proc.stdout
     assert "FILEHANDLERS 0" in proc.stdout, proc.stdout

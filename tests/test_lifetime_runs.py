@@ -102,6 +102,14 @@ def failing_engine(after_calls: int):
     return engine
 
 
+def inexact_engine():
+    """The scripted engine without the promise of deterministic scores (like a real engine's): a
+    resumed run cannot replay the interrupted charge and pays it again (docs/privacy.md, "Interruptions")."""
+    engine = scripted()
+    engine.deterministic_scores = False
+    return engine
+
+
 def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(files, monkeypatch) -> None:
     three = ("--generations", "3")
     crashed = optimize(files, *three, engine=failing_engine(after_calls=1), monkeypatch=monkeypatch)
@@ -110,16 +118,17 @@ def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(
     assert "--resume" in crashed.stderr
     assert [line["event"] for line in log_lines(files["runs"])] == ["started", "failed"]  # the run log knows
     spent = PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl")
-    assert len(spent.entries) == 1 and store_charges(files) == 1
-    # A kill between the store's write and the ledger file's: the ledger file lost its entry.
+    # Generation 0's charge (after the DP count of N, when N is not declared), in the store too.
+    assert spent.entries[-1].label.startswith("generation 0") and store_charges(files) == len(spent.entries)
+    # A kill between the store's write and the ledger file's: the ledger file lost its last entry.
     lines = (run_dir / "ledger.jsonl").read_text().splitlines()
-    (run_dir / "ledger.jsonl").write_text(lines[0] + "\n")
+    (run_dir / "ledger.jsonl").write_text("\n".join(lines[:-1]) + "\n")
 
-    monkeypatch.setattr(cli, "make_engine", lambda section: scripted())
+    monkeypatch.setattr(cli, "make_engine", lambda section: inexact_engine())
     resumed = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)], terminal_width=240)
     text = " ".join(resumed.output.split())
     after = PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl")
-    assert after.entries[0].event_dict == spent.entries[0].event_dict  # adopted from the store, not lost
+    assert after.entries[len(spent.entries) - 1].event_dict == spent.entries[-1].event_dict  # adopted, not lost
     assert after.epsilon() > spent.epsilon() and store_charges(files) == len(after.entries)  # they agree
     assert "already spent" in text and "interrupted generation" in text
     # Generation 0 runs again; the lost charge means the third generation no longer fits: said, exit 3.
@@ -135,7 +144,7 @@ def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(
 def test_a_crash_whose_lost_charge_leaves_no_room_says_so(files, monkeypatch) -> None:
     assert optimize(files, engine=failing_engine(after_calls=1), monkeypatch=monkeypatch).exit_code == 1
     (run_dir,) = files["runs"].glob("run-*")
-    monkeypatch.setattr(cli, "make_engine", lambda section: scripted())
+    monkeypatch.setattr(cli, "make_engine", lambda section: inexact_engine())
     resumed = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)])
     assert resumed.exit_code == 1
     assert "interrupted generation" in resumed.stderr and "nothing was released" in resumed.stderr
@@ -213,3 +222,29 @@ def test_an_unwritable_runs_root_is_found_before_any_charge(files, monkeypatch) 
     assert result.exit_code in (1, 2), result.output
     assert "output.runs_root: cannot create a run directory" in result.stderr and "nothing was charged" in result.stderr
     assert blocked.read_text() == "a file\n"
+
+
+def test_a_declared_dataset_key_composes_versions_of_the_data(files, monkeypatch) -> None:
+    # Issue 35, item 7: runs on D and on D plus one record were two datasets (keyed by content),
+    # so a person in both was under-counted. The owner names the dataset; its versions share it.
+    first = optimize(files, "--dataset-key", "support-tickets", monkeypatch=monkeypatch)
+    assert first.exit_code == 0, first.output
+    assert "dataset key 'support-tickets'" in " ".join(first.output.split())
+    write_csv(files["train"], 121)  # the next version: one record more
+    second = optimize(files, "--dataset-key", "support-tickets", monkeypatch=monkeypatch)
+    assert second.exit_code == 0, second.output
+    text = " ".join(second.output.split())
+    assert "dataset key 'support-tickets'" in text and "spent in" in text
+    listing = runner.invoke(cli.app, ["ledger", "--dataset", "support-tickets", "--runs-root", str(files["runs"])],
+                            terminal_width=240)
+    assert listing.exit_code == 0, listing.output
+    assert listing.output.count("run-") == 2 and "support-tickets" in listing.output
+    config = files["train"].parent / "owner.toml"
+    config.write_text('[output]\ndataset_key = "support-tickets"\n', encoding="utf-8")
+    for how in (["--dataset-key", "support-tickets"], ["--config", str(config), "--task", "support"]):
+        again = runner.invoke(cli.app, ["ledger", *how, "--runs-root", str(files["runs"])], terminal_width=240)
+        assert again.exit_code == 0 and again.output == listing.output, again.output
+    # Without a key the new version is another dataset: the console says what it charges.
+    third = optimize(files, monkeypatch=monkeypatch)
+    assert third.exit_code == 0, third.output
+    assert "no earlier charges" in third.output and "fingerprint" in " ".join(third.output.split())

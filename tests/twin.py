@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli
@@ -114,11 +115,35 @@ TASK_LINES = ('description = "Customer messages about a bill, a technical proble
               'seed_prompt = "Label the message."\n')
 
 
+def couple_size_count(monkeypatch, extra_records: int) -> None:
+    """The coupling of the DP proof for the size count, made explicit (tests only).
+
+    When N is not declared, a run releases N plus discrete Laplace noise. D and D+x differ
+    by one record, so under the same seeded noise their noisy counts differ by one. The
+    proof of the count's privacy pairs each noise value e of the D run with e - 1 for the
+    D+x run (both have probability within a factor exp(eps) of each other), and under that
+    pairing both release the same count. Here the D+x run's noise is ``extra_records``
+    smaller, i.e. its count is released as if it were ``extra_records`` smaller; the count
+    draws as much randomness either way, so every later noise draw stays the same. Then
+    every released byte must be identical.
+    """
+    from dp_textgrad.privacy import mechanisms
+
+    release = mechanisms.LaplaceCountMechanism.release
+    monkeypatch.setattr(mechanisms.LaplaceCountMechanism, "release",
+                        lambda self, count, noise: release(self, count - extra_records, noise))
+
+
 def run_twin(root: Path, rows: Sequence[tuple[str, str]], monkeypatch, config_lines: str,
              engine_factory: Callable[[], ScriptedEngine] | None = LengthTimedEngine,
              extra_args: Sequence[str] = (), engine_lines: str = SCRIPTED_ENGINE,
-             test_rows: Sequence[tuple[str, str]] | None = None, task_lines: str = TASK_LINES) -> Capture:
-    """One ``optimize`` run on ``rows``; ``engine_factory=None`` builds the engine the config names."""
+             test_rows: Sequence[tuple[str, str]] | None = None, task_lines: str = TASK_LINES,
+             coupled_extra_records: int = 0) -> Capture:
+    """One ``optimize`` run on ``rows``; ``engine_factory=None`` builds the engine the config names.
+
+    ``coupled_extra_records``: this run is the twin with that many more records than the other
+    one; its size count is coupled to the other's (:func:`couple_size_count`).
+    """
     (root / "data").mkdir(parents=True)
     write_rows(root / "data" / "train.csv", rows)
     write_rows(root / "data" / "test.csv", base_rows(9) if test_rows is None else test_rows)
@@ -129,7 +154,10 @@ def run_twin(root: Path, rows: Sequence[tuple[str, str]], monkeypatch, config_li
         f'[output]\nruns_root = "{(root / "runs").as_posix()}"\n', encoding="utf-8")
     if engine_factory is not None:
         monkeypatch.setattr(cli, "make_engine", lambda section: engine_factory())
-    result = CliRunner().invoke(cli.app, ["optimize", "--config", str(config), *extra_args])
+    with pytest.MonkeyPatch.context() as coupling:  # for this run only
+        if coupled_extra_records:
+            couple_size_count(coupling, coupled_extra_records)
+        result = CliRunner().invoke(cli.app, ["optimize", "--config", str(config), *extra_args])
     run_dirs = [p for p in (root / "runs").glob("run-*") if p.is_dir()]
     assert len(run_dirs) == 1, (result.output, run_dirs)
     return collect(root, run_dirs[0], result)

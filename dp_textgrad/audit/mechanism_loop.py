@@ -37,6 +37,8 @@ class _RecordingLedger:
     same accountants once. Every run must charge the same events (checked).
     """
 
+    replayed = 0  # charges adopted on a resume: an audit never resumes
+
     def __init__(self, epsilon_budget: float, delta: float) -> None:
         self.epsilon_budget = epsilon_budget
         self.delta = delta
@@ -184,8 +186,10 @@ def audit_controller_loop(
                     selection=selection, sampling_rate=q, use_critiques=False, llm_operators=False, seed=seed,
                     # DP confusion feedback rides on Gaussian scoring only.
                     feedback="dp_confusion" if strategy.supports_feedback else "none")
+    first_task = make_task(member_positions[0])
+    settings["dataset_size"] = len(first_task.private_train)  # synthetic audit data: N declared, the search audited
     planner = DPEvolutionStrategy([tg.Variable(seed_prompt, role_description="system prompt", requires_grad=True)],
-                                  task=make_task(member_positions[0]), engine=engine, **settings)
+                                  task=first_task, engine=engine, **settings)
     config = planner.config
     charged_by_first_run: list[dp_accounting.DpEvent] = []
     replayed = _ReplayedVariants() if replay_variants else None

@@ -63,6 +63,8 @@ class _Candidate:
 class _RecordingLedger:
     """Records each charge; the claim is computed once from them (see the module docstring)."""
 
+    replayed = 0  # charges adopted on a resume: an audit never resumes
+
     def __init__(self) -> None:
         self.events: list[Any] = []
         self.unsafe = False

@@ -84,14 +84,21 @@ class RayScoring:
         self.actors, self.bounds = actors, bounds
         self.sampling_rng, self.secure = sampling_rng, secure
 
+    @property
+    def subsample_from_seed(self) -> bool:
+        """Only with a test seed is the subsample drawn here (secure: by each actor's own CSPRNG),
+        so only then can a charge's subsample be redrawn from its seed (dp_textgrad.dp_es.replay)."""
+        return not self.secure
+
     def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float,
-               with_confusion: bool) -> SubsampleTotals:
+               with_confusion: bool, sampling_rng: np.random.Generator | None = None) -> SubsampleTotals:
         import ray
 
         prompts = [str(p) for p in prompts]
         shares: list[np.ndarray | None] = [None] * len(self.actors)
         if not self.secure:  # test seed: the same draw as the single-process path
-            mask = self.sampling_rng.random(self.bounds[-1][1]) < sampling_rate
+            rng = self.sampling_rng if sampling_rng is None else sampling_rng
+            mask = rng.random(self.bounds[-1][1]) < sampling_rate
             shares = [np.flatnonzero(mask[start:end]) for start, end in self.bounds]
         refs = [actor.totals.remote(prompts, sampling_rate, clip_bound, with_confusion, share)
                 for actor, share in zip(self.actors, shares)]

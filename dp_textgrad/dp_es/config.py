@@ -16,6 +16,8 @@ PrivacyKind = Literal["dp", "off"]
 LongRecords = Literal["truncate", "reject"]
 
 DEFAULT_EXPECTED_BATCH = 150
+# The default delta when N is not declared: it must not depend on the private count.
+DEFAULT_DELTA = 1e-5
 
 
 class ConfigError(ValueError):
@@ -35,15 +37,19 @@ def format_validation_error(error: ValidationError) -> str:
 class DPESConfig(BaseModel):
     """Everything that defines a DP-ES run. Budget first: the noise is calibrated from it.
 
-    ``delta`` defaults to min(1e-5, 1 / (10 N)); ``sampling_rate`` defaults to
-    min(1, 150 / N) (about 150 records per generation). N, the private set's size,
-    is treated as public.
+    N, the private set's size, is private under add/remove neighbours. Either its owner
+    declares a public ``dataset_size``, or a run spends ``size_epsilon_share`` of epsilon on
+    a DP count first and keeps it in ``counted_dataset_size``; the real count is used for
+    nothing released. ``delta`` defaults to min(1e-5, 1 / (10 N)) for a declared N and to
+    1e-5 otherwise; ``sampling_rate`` defaults to min(1, 150 / N) with N the declared size
+    or the DP count (about 150 records per generation).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     epsilon: float = Field(4.0, description="total privacy budget epsilon for the whole run")
-    delta: float | None = Field(None, description="total delta; default min(1e-5, 1/(10 N))")
+    delta: float | None = Field(None, description="total delta; default min(1e-5, 1/(10 N)) for a declared N, "
+                                                  "else 1e-5")
     generations: int = Field(6, ge=1, le=10_000, description="number of DP generations T")
     population: int = Field(6, ge=2, le=256, description="candidates scored per generation K")
     parents: int = Field(2, ge=1, description="parents kept per generation k")
@@ -76,8 +82,14 @@ class DPESConfig(BaseModel):
     max_prompt_chars: int = Field(1500, ge=50, description="longest candidate prompt kept")
     dataset_size: int | None = Field(
         None, ge=1, description="the public size N of the private set, declared by its owner (the denominator "
-                                "q*N of every estimate and the base of the default delta and q); default: the "
-                                "number of records, which is then treated as public")
+                                "q*N of every estimate and the base of the default delta and q); default: not "
+                                "declared, then a DP count of N (size_epsilon_share of epsilon) stands for it")
+    size_epsilon_share: float = Field(
+        0.05, description="share of epsilon spent on the DP count of N when dataset_size is not declared "
+                          "(0 < share < 0.5); the search is calibrated to the rest")
+    counted_dataset_size: int | None = Field(
+        None, ge=1, description="the DP count of N this run released (set by the run and kept on resume; to give "
+                                "a public N, set dataset_size instead)")
     max_record_tokens: int = Field(
         256, ge=8, le=1_000_000,
         description="public cap on a private record's length in engine tokens, applied before any charge")
@@ -99,6 +111,14 @@ class DPESConfig(BaseModel):
             raise ValueError(f"delta must be in (0, 1), got {value}")
         return value
 
+    @field_validator("size_epsilon_share")
+    @classmethod
+    def _share_below_half(cls, value: float) -> float:
+        if not math.isfinite(value) or not 0 < value < 0.5:
+            raise ValueError(f"size_epsilon_share must be in (0, 0.5), got {value}; the search needs most of the "
+                             "budget (or declare dataset_size and spend nothing on N)")
+        return value
+
     @field_validator("sampling_rate")
     @classmethod
     def _rate_in_unit_interval(cls, value: float | None) -> float | None:
@@ -108,6 +128,9 @@ class DPESConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent_schedule(self) -> "DPESConfig":
+        if self.dataset_size is not None and self.counted_dataset_size is not None:
+            raise ValueError("counted_dataset_size: a run sets it when N is not declared; with dataset_size "
+                             "declared remove counted_dataset_size")
         if self.parents > self.population:
             raise ValueError(
                 f"parents ({self.parents}) must not exceed population ({self.population}): "
@@ -127,23 +150,57 @@ class DPESConfig(BaseModel):
                              f"selection='{self.selection}' set feedback='none'")
         return self
 
-    def resolved(self, dataset_size: int) -> "DPESConfig":
-        """A copy with the data-dependent defaults (delta, sampling rate) filled in."""
-        if dataset_size < 1:
-            raise ValueError("private_train: the private dataset is empty; give at least one record")
+    # -- the dataset size ---------------------------------------------------------------
+    @property
+    def counts_dataset_size(self) -> bool:
+        """Whether a run spends ``size_epsilon_share`` of epsilon on a DP count of N first."""
+        return self.dataset_size is None and self.privacy == "dp"
+
+    @property
+    def size_epsilon(self) -> float:
+        """Epsilon of the DP count of N (stage 1); 0 when N is declared (or privacy is off)."""
+        return self.size_epsilon_share * self.epsilon if self.counts_dataset_size else 0.0
+
+    @property
+    def search_epsilon(self) -> float:
+        """Epsilon the search is calibrated to (stage 2): the budget less the count's."""
+        return self.epsilon - self.size_epsilon
+
+    @property
+    def public_dataset_size(self) -> int | None:
+        """N as released: the declared size, else the DP count (None before the count)."""
+        return self.dataset_size if self.dataset_size is not None else self.counted_dataset_size
+
+    def resolved(self, dataset_size: int | None = None) -> "DPESConfig":
+        """A copy with the size-dependent defaults (delta, sampling rate) filled in.
+
+        N is the declared ``dataset_size``, else the DP count ``counted_dataset_size``.
+        ``dataset_size`` here declares N public for a configuration that has neither
+        (planning tools, benchmarks, the non-private baseline); a private run never passes
+        its record count (``DPEvolutionStrategy`` counts it with DP instead).
+        """
         update: dict[str, float] = {}
-        if self.dataset_size is None:
-            update["dataset_size"] = int(dataset_size)
-        else:
-            dataset_size = self.dataset_size  # the declared, public N decides everything below
+        size = self.public_dataset_size
+        if size is None:
+            if dataset_size is None:
+                raise ValueError("dataset_size: no N to plan with; declare dataset_size (a public N) or let the "
+                                 "run count it (DPEvolutionStrategy does)")
+            if dataset_size < 1:
+                raise ValueError("private_train: the private dataset is empty; give at least one record")
+            size = update["dataset_size"] = int(dataset_size)
+        declared = self.dataset_size is not None or "dataset_size" in update
         if self.delta is None:
-            update["delta"] = min(1e-5, 1.0 / (10 * dataset_size))
-        elif self.delta >= 1.0 / dataset_size:
+            # A declared N may set the default; a counted one must not (delta is fixed before the count).
+            delta = update["delta"] = min(DEFAULT_DELTA, 1.0 / (10 * size)) if declared else DEFAULT_DELTA
+        else:
+            delta = self.delta
+        if delta >= 1.0 / size:
+            source = "" if declared else " (N here is the DP count)"
             warnings.warn(
-                f"delta: {self.delta:g} >= 1/N = {1.0 / dataset_size:g} permits releasing a record outright; "
-                f"use delta <= {1.0 / (10 * dataset_size):.1e}",
+                f"delta: {delta:g} >= 1/N = {1.0 / size:g}{source} permits releasing a record outright; "
+                f"use delta <= {1.0 / (10 * size):.1e}",
                 stacklevel=2,
             )
         if self.sampling_rate is None:
-            update["sampling_rate"] = min(1.0, DEFAULT_EXPECTED_BATCH / dataset_size)
+            update["sampling_rate"] = min(1.0, DEFAULT_EXPECTED_BATCH / size)
         return self.model_copy(update=update)

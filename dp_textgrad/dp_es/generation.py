@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from dp_textgrad import runs
 from dp_textgrad.dp_es.estimates import ReleasedScores
 from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, CritiquePipeline, FeedbackSanitiser, Mutator, render_confusion
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
+from dp_textgrad.dp_es.replay import ReplayJournal
 from dp_textgrad.dp_es.reports import UsageMark
 from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.dp_es.scoring import ScoringFactory
@@ -62,14 +64,17 @@ class Generation:
     def build(cls, plan: RunPlan, task: Any, engine: Any, ledger: Any, noise: NoiseSource,
               public_rng: np.random.Generator, *, dataset_size: int, mutator: Any | None = None,
               critique: Any | None = None, unsafe_examples: Sequence[Any] = (),
-              scoring: ScoringFactory | None = None) -> Generation:
+              scoring: ScoringFactory | None = None, run_dir: runs.RunDir | None = None) -> Generation:
         """The default parts for a plan; ``mutator``/``critique`` replace the default ones;
-        ``scoring`` builds where private records are scored (default: this process)."""
+        ``scoring`` builds where private records are scored (default: this process); ``run_dir``
+        keeps the journal of releases and the subsample secret (written here, before any charge)."""
         config = plan.config
         # The subsample must stay secret for amplification: it is drawn from the DP generator.
         backend = scoring(task, engine, noise.sampling_generator, noise.secure) if scoring is not None else None
         scorer = DPScorer(task, engine, ledger, sampling_rate=config.sampling_rate, dataset_size=dataset_size,
                           noise=noise, backend=backend)
+        if run_dir is not None:  # a resumable run: an interruption costs nothing where that is sound
+            scorer.journal = ReplayJournal(run_dir, noise)
         llm_operators = config.llm_operators if config.llm_operators is not None \
             else bool(getattr(engine, "instruction_following", True))
         description = PublicText(task.description, "user")

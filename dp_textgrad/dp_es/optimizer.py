@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
+from dp_textgrad.dp_es import size_count
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig, format_validation_error
 from dp_textgrad.dp_es.generation import Generation, no_shrinkage
 from dp_textgrad.dp_es.plan import RunPlan
@@ -58,7 +59,7 @@ class EvolutionController(Optimizer):
         critique: Any | None = None,
         checkpoint_dir: str | Path | None = None,
         callbacks: Sequence[StopCallback] = (),
-        scoring: ScoringFactory | None = None,
+        scoring: ScoringFactory | None = None, noise: NoiseSource | None = None,
     ) -> None:
         parameters = list(parameters)
         if len(parameters) != 1:
@@ -78,12 +79,11 @@ class EvolutionController(Optimizer):
         self.stopped_because: str | None = None
         self._refusal: BudgetExceeded | None = None
         self._preflight_done = False
-        # Charges of a generation that was interrupted before its checkpoint (found on resume).
-        self.interrupted_charges = 0
+        self.interrupted_charges = 0  # charges of generations interrupted before their checkpoint, not adopted
 
         # Two generators, never mixed: reproducible public choices vs DP randomness.
         self.public_rng = np.random.default_rng(config.seed)
-        self.noise = NoiseSource(insecure_seed=config.insecure_noise_seed)
+        self.noise = noise or NoiseSource(insecure_seed=config.insecure_noise_seed)  # the DP count's, if any
         ledger.declare_noise(self.noise.sampler)
         if self.run_dir is not None:
             self.run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ class EvolutionController(Optimizer):
         unsafe_examples = self._unsafe_examples() if config.mode == "unsafe" else ()
         self.parts = Generation.build(plan, self.task, engine, ledger, self.noise, self.public_rng, scoring=scoring,
                                       dataset_size=self.public_dataset_size, mutator=mutator, critique=critique,
-                                      unsafe_examples=unsafe_examples)
+                                      unsafe_examples=unsafe_examples, run_dir=self.run_dir)
         if config.mode == "unsafe" and not ledger.unsafe:
             ledger.mark_unsafe("feedback mode 'unsafe': raw private examples reach the mutation LLM")
 
@@ -116,16 +116,15 @@ class EvolutionController(Optimizer):
 
     noise_multiplier = property(lambda self: self.plan.noise_multiplier, doc="the plan's z (Gaussian scores)")
     selection_epsilon = property(lambda self: self.plan.selection_epsilon, doc="the plan's eps0 per pick")
+    interrupted_charges = property(lambda self: self._interrupted - self.ledger.replayed,  # less those adopted
+                                   lambda self, n: setattr(self, "_interrupted", int(n) + self.ledger.replayed))
 
     @property
     def planned_private_evaluations(self) -> float:
         """Expected record evaluations per generation, q N K: public (the realised count is not)."""
         return float(self.config.sampling_rate) * self.public_dataset_size * self.config.population
 
-    @property
-    def public_dataset_size(self) -> int:
-        """N as released: the declared ``dataset_size`` (the record count when none was declared)."""
-        return int(self.config.dataset_size or len(self.task.private_train))
+    public_dataset_size = property(lambda self: int(self.config.public_dataset_size), doc="N: declared, or the DP count")
 
     def _unsafe_examples(self) -> list[Any]:
         # Unsafe mode is an explicit research baseline: the one place private text is unwrapped
@@ -274,8 +273,8 @@ class EvolutionController(Optimizer):
             history=[h.as_dict() for h in self.history],
             stopped_because=self.stopped_because,
             variable_value=self.variable.value,
-            charges=len(self.ledger.entries),
-            interrupted_charges=self.interrupted_charges,
+            charges=len(self.ledger.entries) - self.ledger.pending_replays,  # not adopted yet: after it
+            interrupted_charges=self.interrupted_charges - self.ledger.pending_replays,
         )
 
     def _save_checkpoint(self, report: GenerationReport | None = None,
@@ -299,6 +298,7 @@ class EvolutionController(Optimizer):
         self.interrupted_charges = state.interrupted_charges
         if state.charges is not None:
             self.interrupted_charges += max(0, len(self.ledger.entries) - state.charges)
+            self.ledger.expect_replay(state.charges)  # adopted where sound, not charged again (dp_es/replay.py)
         if state.variable_value is not None:
             self.variable.set_value(state.variable_value)
 
@@ -344,7 +344,7 @@ class DPEvolutionStrategy(EvolutionController):
             raise ConfigError(format_validation_error(exc)) from None
         if not isinstance(task, ClassificationTask):
             raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
-        resolved = base.resolved(len(task.private_train))
+        ledger, resolved, noise, counted = size_count.stage_one(base, task, engine, parameters, ledger, plan, checkpoint_dir)
         if resolved.llm_operators is None:  # decided by the engine; the plan needs it (is feedback read?)
             resolved = resolved.model_copy(update={"llm_operators": bool(getattr(engine, "instruction_following",
                                                                                  True))})
@@ -358,8 +358,11 @@ class DPEvolutionStrategy(EvolutionController):
             ledger.mark_unsafe("privacy 'off': non-private baseline; exact scores on private data, no noise")
         elif (ledger.epsilon_budget, ledger.delta) != (resolved.epsilon, resolved.delta):
             raise ConfigError("ledger: its budget differs from the configuration's epsilon/delta")
-        super().__init__(parameters, task=task, engine=engine, plan=plan, ledger=ledger, mutator=mutator,
+        super().__init__(parameters, task=task, engine=engine, plan=plan, ledger=ledger, mutator=mutator, noise=noise,
                          critique=critique, checkpoint_dir=checkpoint_dir, callbacks=callbacks, scoring=scoring)
+        if counted:  # the engine was checked before the count (size_count.py); a resume reuses the count
+            self._preflight_done = True
+            self._save_checkpoint()
 
     @property
     def generations(self) -> int:
@@ -380,14 +383,14 @@ class DPEvolutionStrategy(EvolutionController):
         and the calibrated plan is read back, never recalibrated."""
         run_dir = runs.RunDir(checkpoint_dir)
         try:
-            state = run_dir.read_state()
+            state = run_dir.resume_state()
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
         config = DPESConfig(**state.config)
         # The ledger on disk is the truth about what was spent (it is written at every
         # charge, so it can be ahead of the checkpoint): load it before anything else.
         ledger = PrivacyLedger.from_jsonl(run_dir.ledger)
-        plan = RunPlan.with_value(config.resolved(len(task.private_train)), state.plan_value)
+        plan = RunPlan.with_value(size_count.resolved_for_run(config, task), state.plan_value)
         opt = cls(parameters, task=task, engine=engine, config=config, checkpoint_dir=run_dir.path,
                   callbacks=callbacks, ledger=ledger, plan=plan, **kwargs)
         opt._restore(state)

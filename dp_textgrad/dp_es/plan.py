@@ -5,6 +5,12 @@ The planner and the running generation ask the same question,
 whole run is composed from those objects' own events. So the event that calibration
 fitted into (epsilon, delta) is, by construction, the sequence of events the ledger is
 charged at run time. Planning touches no data and imports no engine, task or textgrad.
+
+When N is not declared, the run is two stages (``docs/privacy.md``, "The dataset size"):
+a pure-DP count of N (``size_count``), then the search, planned from the noisy count and
+calibrated to the rest of the budget. The stages compose by basic composition, which
+holds although the search's parameters depend on the count, so the plan's epsilon is the
+count's plus the search's (:meth:`RunPlan.epsilons`), exactly what the ledger reports.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from dp_textgrad.dp_es.config import ConfigError, DPESConfig
 from dp_textgrad.dp_es.selector import GenerationMechanisms, SelectionStrategy, strategy_for
 from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
-from dp_textgrad.privacy.mechanisms import SelectionMechanism, selection_mechanism
+from dp_textgrad.privacy.accounting.accountants import Accountant
+from dp_textgrad.privacy.accounting.bounds import _all_bounds, default_accountants
+from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism, SelectionMechanism, selection_mechanism
 
 # The budgets calibration supports: tested and timed there (docs/performance.md). Past 1e4 the
 # PLD's loss range outgrows floats and calibration slows down (40 s at 1e6) for budgets that
@@ -66,9 +74,32 @@ class RunPlan:
         return selection_mechanism(self.config.final_selection, self.config.final_epsilon, 1, clip_bound)
 
     @property
-    def event(self) -> dp_accounting.DpEvent:
-        """The whole run: every generation's events, then the final release."""
+    def size_count(self) -> LaplaceCountMechanism | None:
+        """The DP count of N that runs first (stage 1), or None when N is declared."""
+        epsilon = self.config.size_epsilon
+        return LaplaceCountMechanism(epsilon) if epsilon > 0 else None
+
+    @property
+    def search_event(self) -> dp_accounting.DpEvent:
+        """The search (stage 2): every generation's events, then the final release."""
         return self.remaining_event(0)
+
+    @property
+    def event(self) -> dp_accounting.DpEvent:
+        """The whole run as the ledger charges it: the count of N first when it is not declared.
+
+        Then every generation's events and the final release (:attr:`search_event`).
+        """
+        count = self.size_count
+        search = self.search_event
+        return search if count is None else dp_accounting.ComposedDpEvent([count.event(), search])
+
+    def epsilons(self, delta: float, accountants: list[Accountant] | None = None) -> dict[str, float]:
+        """Each accountant's bound on the whole run at ``delta``: the count's pure epsilon plus
+        the search's bound (basic composition of the two stages, as the ledger reports it)."""
+        accountants = default_accountants() if accountants is None else accountants
+        search = _all_bounds(accountants, [self.search_event], delta)
+        return {name: self.config.size_epsilon + value for name, value in search.items()}
 
     def remaining_event(self, start: int) -> dp_accounting.DpEvent:
         """Generations ``start`` .. T-1, then the final release (what a resumed run may still spend)."""
@@ -108,10 +139,11 @@ class RunPlan:
         if strategy_for(config).calibrates is None:
             return cls(config, None)
         low, high = CALIBRATION_EPSILON_RANGE
-        if not low <= config.epsilon <= high:
+        if not low <= config.epsilon <= high:  # the budget as given; the search gets more than half of it
             raise ConfigError(f"epsilon: calibration supports {low:g} <= epsilon <= {high:g}, got {config.epsilon:g}; "
                               "choose a budget in that range (for a non-private baseline set privacy = \"off\")")
-        return cls(config, _calibrated_value(_schedule_key(config)))
+        # The search alone is calibrated, to the budget less the count's (stage 2 of two).
+        return cls(config, _calibrated_value(_schedule_key(config), config.search_epsilon))
 
 
 _SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", "sampling_rate", "selection",
@@ -120,9 +152,10 @@ _SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", 
 
 
 # Fields that change no mechanism of the plan (a test checks the two lists cover DPESConfig).
+# The count of N is planned from size_epsilon_share * epsilon, passed to the memo as the search's target.
 PLAN_INDEPENDENT_FIELDS = frozenset({"elites", "mode", "unsafe_examples", "shrinkage", "use_critiques", "seed",
                                      "insecure_noise_seed", "max_prompt_chars", "dataset_size", "max_record_tokens",
-                                     "long_records"})
+                                     "long_records", "size_epsilon_share", "counted_dataset_size"})
 
 
 def _schedule_key(config: DPESConfig) -> tuple:
@@ -130,12 +163,12 @@ def _schedule_key(config: DPESConfig) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _calibrated_value(key: tuple) -> float:
+def _calibrated_value(key: tuple, search_epsilon: float) -> float:
     config = DPESConfig(**dict(key))
     calibrate = calibrate_noise_multiplier if strategy_for(config).calibrates == "noise_multiplier" \
         else calibrate_pure_epsilon
     try:
-        return calibrate(lambda x: RunPlan(config, x).event, config.epsilon, config.delta)
+        return calibrate(lambda x: RunPlan(config, x).search_event, search_epsilon, config.delta)
     except BudgetExceeded:
         raise
     except (ValueError, RuntimeError) as exc:

@@ -117,7 +117,7 @@ def refusal_reason(exc: BudgetExceeded, t: int, generations: int, spent: float, 
             "the plan no longer fits") if interrupted else ""
     if isinstance(exc, LifetimeCapExceeded):
         return (f"the dataset's lifetime cap {exc.cap:g} was reached before generation {t + 1} of {generations}: "
-                f"its charge {exc.label!r} would raise the dataset's lifetime epsilon to {exc.epsilon:.4g} (this "
+                f"its charge {exc.label!r} would raise the dataset's lifetime filter bound to {exc.epsilon:.4g} (this "
                 f"run spent {spent:.4g}){lost}")
     return (f"budget exhausted before generation {t + 1} of {generations}: its charge {exc.label!r} would raise "
             f"epsilon to {exc.epsilon:.4g} over the budget {exc.budget:g} (spent {spent:.4g}){lost}")

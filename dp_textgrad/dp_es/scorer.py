@@ -18,6 +18,8 @@ Estimates divide by the PUBLIC expected batch size q*N, never by the realised |B
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from dp_textgrad.dp_es.estimates import ReleasedScores
+from dp_textgrad.dp_es.replay import Charge, ReplayJournal
 from dp_textgrad.dp_es.scoring import LocalScoring, ScoringBackend, SubsampleTotals, adds_noise
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.privacy.mechanisms import (
@@ -108,6 +111,8 @@ class DPScorer:
         self.sampling_rng = sampling_rng
         # Where the sums are computed (this process, or workers); it draws the subsample.
         self.backend = backend if backend is not None else LocalScoring(task, engine, sampling_rng, noise.secure)
+        # The run directory's journal of releases (None: a run that cannot be resumed).
+        self.journal: ReplayJournal | None = None
 
     @property
     def clip_bound(self) -> float:
@@ -150,10 +155,11 @@ class DPScorer:
         if mechanism.releases_feedback != wants_feedback:
             raise ValueError("feedback_candidates: give them exactly when the mechanism releases confusion "
                              "matrices (feedback_noise_multiplier set); the charge must match the release")
-        self._charge(mechanism, label, candidates, {"feedback_candidates": 1 if callable(feedback_candidates)
-                                                    else len(fixed or [])})
+        charge = self._charge(mechanism, label, candidates, {"feedback_candidates": 1 if callable(feedback_candidates)
+                                                             else len(fixed or [])})
         # ---- private data is read only below this line, after the charge ----
-        return self._run(candidates, label, mechanism, feedback_candidates if callable(feedback_candidates) else fixed)
+        return self._run(candidates, label, mechanism, feedback_candidates if callable(feedback_candidates) else fixed,
+                         charge)
 
     def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: FeedbackChoice = ()) -> ReleasedScores:
         """NOT PRIVATE: exact scores (and confusion matrices) on a subsample, for baselines.
@@ -171,37 +177,72 @@ class DPScorer:
                          feedback_candidates if callable(feedback_candidates) else fixed)
 
     def _run(self, candidates: list[CandidateLike], label: str, mechanism: GaussianScoreMechanism | None,
-             feedback: Any) -> ReleasedScores:
+             feedback: Any, charge: Charge | None = None) -> ReleasedScores:
         """Subsample, release the sums, then (if asked) the confusion matrices on the same subsample.
 
         ``mechanism`` None: exact values (the non-private baseline). The per-record outcomes
-        stay in this frame; a feedback chooser sees only released values.
+        stay in this frame; a feedback chooser sees only released values. ``charge``: each
+        part of the release is journaled before it is used, and a part an interrupted attempt
+        journaled already is reused (see :mod:`dp_textgrad.dp_es.replay`).
         """
         held: dict[str, Any] = {}
         noise_std = mechanism.noise_std if mechanism is not None else 0.0
         # Silos that add the noise themselves (federated placements): take their released values.
         noised_at_source = mechanism is not None and adds_noise(self.backend)
+        journaled = charge.journaled if charge is not None else {}
+        rng = charge.sampling_rng(self.sampling_rng) if charge is not None else None
+
+        def noise(part: str) -> NoiseSource:
+            return charge.noise(self.noise, part) if charge is not None else self.noise
+
+        def journal(**parts: Any) -> None:
+            if charge is not None:
+                charge.record(**parts)
 
         def read_scores() -> np.ndarray:
+            if "sums" in journaled:  # released by the interrupted attempt: reuse (post-processing)
+                held["noise_std"] = float(journaled["noise_std"])
+                return np.asarray(journaled["sums"], dtype=float)
             if noised_at_source:
                 release = self.backend.noised_sums([str(c.text) for c in candidates], self.sampling_rate,
                                                    mechanism, bool(feedback))
                 if np.shape(release.values) != (len(candidates),):
                     raise RuntimeError("scoring backend: returned the wrong number of utility sums")
                 held["noise_std"] = float(release.noise_std)
-                return np.asarray(release.values, dtype=float)
-            totals = self._totals(candidates, with_confusion=bool(feedback))
+                values = np.asarray(release.values, dtype=float)
+                journal(sums=values.tolist(), noise_std=held["noise_std"], complete=not feedback)
+                return values
+            totals = self._totals(candidates, with_confusion=bool(feedback), rng=rng)
             held["confusion"] = totals.confusion
             sums = totals.sums
-            return mechanism.release(sums, self.noise) if mechanism is not None else np.asarray(sums, dtype=float)
+            if mechanism is None:
+                return np.asarray(sums, dtype=float)
+            values = np.asarray(mechanism.release(sums, noise("sums")), dtype=float)
+            journal(sums=values.tolist(), noise_std=float(noise_std), complete=not feedback)
+            return values
 
         def read_confusion() -> np.ndarray:
+            if "confusion" in journaled:  # released already: reuse; never a second release under one charge
+                if journaled.get("feedback") != list(feedback):
+                    raise RuntimeError("journal: the replayed feedback choice differs from the journaled one")
+                held["confusion_std"] = float(journaled["confusion_std"])
+                return np.asarray(journaled["confusion"], dtype=float)
             if noised_at_source:
                 release = self.backend.noised_confusion(list(feedback), mechanism)
                 held["confusion_std"] = float(release.noise_std)
-                return np.asarray(release.values, dtype=float)
+                values = np.asarray(release.values, dtype=float)
+                journal(confusion=values.tolist(), confusion_std=held["confusion_std"], feedback=list(feedback),
+                        complete=True)
+                return values
+            if "confusion" not in held:  # the sums were journaled: the same subsample again, from its seed
+                held["confusion"] = self._totals(candidates, with_confusion=True, rng=rng).confusion
             counts = np.asarray(held["confusion"])[feedback]
-            return mechanism.release_confusion(counts, self.noise) if mechanism is not None else counts
+            if mechanism is None:
+                return counts
+            values = np.asarray(mechanism.release_confusion(counts, noise("confusion")), dtype=float)
+            journal(confusion=values.tolist(), confusion_std=float(mechanism.confusion_noise_std(len(feedback))),
+                    feedback=list(feedback), complete=True)
+            return values
 
         try:
             sums = self._read_private(label, read_scores)
@@ -236,9 +277,18 @@ class DPScorer:
         if adds_noise(self.backend):
             raise ValueError("selection: a selection mechanism reads un-noised totals, which silos that add "
                              "their own noise never send; use selection='gaussian' and final_selection='last'")
-        self._charge(mechanism, label, candidates, selection_metadata(mechanism))
+        charge = self._charge(mechanism, label, candidates, selection_metadata(mechanism))
+        if "indices" in charge.journaled:  # released by the interrupted attempt: reuse it
+            return [int(i) for i in charge.journaled["indices"]]
         # ---- private data is read only below this line, after the charge ----
-        return self._read_private(label, lambda: list(mechanism.select(self._totals(candidates, False).sums, self.noise)))
+
+        def read() -> list[int]:
+            sums = self._totals(candidates, False, rng=charge.sampling_rng(self.sampling_rng)).sums
+            indices = [int(i) for i in mechanism.select(sums, charge.noise(self.noise, "selection"))]
+            charge.record(indices=indices, complete=True)
+            return indices
+
+        return self._read_private(label, read)
 
     # -- internals --------------------------------------------------------------------
     @staticmethod
@@ -254,12 +304,31 @@ class DPScorer:
             raise ValueError("feedback_candidates: indices must be unique")
         return feedback
 
-    def _charge(self, mechanism: Any, label: str, candidates: list[CandidateLike], extra: Mapping[str, Any]) -> None:
-        """Spend the mechanism's own event; its public parameters go into the ledger entry."""
+    def _charge(self, mechanism: Any, label: str, candidates: list[CandidateLike], extra: Mapping[str, Any]) -> Charge:
+        """Spend the mechanism's own event; its public parameters go into the ledger entry.
+
+        With a journal, the interrupted attempt's entry for exactly this charge is adopted
+        instead where that is sound (:meth:`ReplayJournal.charge`).
+        """
         metadata = {**(mechanism.metadata() if hasattr(mechanism, "metadata") else {}), **extra}
         metadata.update(num_candidates=len(candidates), candidate_ids=[str(c.id) for c in candidates],
                         clip_bound=self.clip_bound, sampling_rate=self.sampling_rate, secure_noise=self.noise.secure)
-        self.ledger.spend(mechanism.event(self.sampling_rate), label, metadata=metadata)
+        event = mechanism.event(self.sampling_rate)
+        if self.journal is not None:
+            inputs = hashlib.sha256(json.dumps([str(c.text) for c in candidates]).encode("utf-8")).hexdigest()
+            return self.journal.charge(self.ledger, event, label, metadata, replayable=self.replays_exactly,
+                                       inputs=inputs)
+        entry = self.ledger.spend(event, label, metadata=metadata)
+        return Charge(int(getattr(entry, "index", 0)), label, adopted=False)
+
+    @property
+    def replays_exactly(self) -> bool:
+        """Whether a charge's scores can be recomputed on a resume as the interrupted attempt
+        would have: the backend draws the subsample from the charge's seed, and the engine's
+        scores are a deterministic function of prompt and record. Otherwise a charge whose
+        release was not journaled is charged again."""
+        return (bool(getattr(self.backend, "subsample_from_seed", False)) and not adds_noise(self.backend)
+                and bool(getattr(self.engine, "deterministic_scores", False)))
 
     def _released(self, candidates: list[CandidateLike], sums: np.ndarray, noise_std: float, feedback: list[int],
                   confusion: np.ndarray | None, confusion_std: float | None) -> ReleasedScores:
@@ -296,10 +365,17 @@ class DPScorer:
             failure = PrivateScoringError(label, exc)
         raise failure
 
-    def _totals(self, candidates: list[CandidateLike], with_confusion: bool) -> SubsampleTotals:
-        """The backend draws the secret Poisson subsample and totals each candidate's clipped scores."""
-        totals = self.backend.totals([str(c.text) for c in candidates], self.sampling_rate, self.clip_bound,
-                                     with_confusion)
+    def _totals(self, candidates: list[CandidateLike], with_confusion: bool,
+                rng: np.random.Generator | None = None) -> SubsampleTotals:
+        """The backend draws the secret Poisson subsample and totals each candidate's clipped scores.
+
+        ``rng``: the charge's own subsample generator, for a backend that takes one."""
+        prompts = [str(c.text) for c in candidates]
+        if rng is not None and rng is not self.sampling_rng and getattr(self.backend, "subsample_from_seed", False):
+            totals = self.backend.totals(prompts, self.sampling_rate, self.clip_bound, with_confusion,
+                                         sampling_rng=rng)
+        else:
+            totals = self.backend.totals(prompts, self.sampling_rate, self.clip_bound, with_confusion)
         if np.shape(totals.sums) != (len(candidates),):
             raise RuntimeError("scoring backend: returned the wrong number of utility sums")
         return totals

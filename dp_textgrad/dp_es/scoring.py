@@ -52,7 +52,10 @@ class SubsampleTotals:
 
 
 class ScoringBackend(Protocol):
-    """Draws a fresh Poisson subsample (rate q) and totals each prompt's clipped scores on it."""
+    """Draws a fresh Poisson subsample (rate q) and totals each prompt's clipped scores on it.
+
+    A backend whose ``subsample_from_seed`` is true also takes ``sampling_rng=``, the charge's
+    own generator, and draws the subsample from it (so a resumed run can redraw it)."""
 
     def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float,
                with_confusion: bool) -> SubsampleTotals: ...
@@ -108,15 +111,23 @@ def batch_totals(task: "ClassificationTask", engine: Any, prompts: Sequence[str]
 
 
 class LocalScoring:
-    """Score the private records in this process with the run's engine (the default backend)."""
+    """Score the private records in this process with the run's engine (the default backend).
+
+    It draws the subsample from the generator it is given per charge (``sampling_rng``), so a
+    resumed run can redraw an interrupted charge's subsample from that charge's secret seed
+    (``subsample_from_seed``; see :mod:`dp_textgrad.dp_es.replay`).
+    """
+
+    subsample_from_seed = True
 
     def __init__(self, task: "ClassificationTask", engine: Any, sampling_rng: np.random.Generator,
                  secure: bool = True) -> None:
         self.task, self.engine, self.sampling_rng = task, engine, sampling_rng
 
     def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float,
-               with_confusion: bool) -> SubsampleTotals:
-        batch = self.task.private_train.poisson_subsample(sampling_rate, self.sampling_rng)
+               with_confusion: bool, sampling_rng: np.random.Generator | None = None) -> SubsampleTotals:
+        rng = self.sampling_rng if sampling_rng is None else sampling_rng
+        batch = self.task.private_train.poisson_subsample(sampling_rate, rng)
         return batch_totals(self.task, self.engine, prompts, batch, clip_bound, with_confusion)
 
 

@@ -95,6 +95,12 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
     is the model load time.
     """
 
+    # Label scoring reads logits only (no sampling): the same log-probs whatever the engine
+    # scored before (saved prefix states, batch order) and with 1 or 2 threads, bit for bit
+    # (tests/engines/test_engine_llama.py). So a resumed run may replay an interrupted charge
+    # on the same subsample instead of charging it again (dp_textgrad.dp_es.replay).
+    deterministic_scores = True
+
     def __init__(
         self,
         model_path: str | Path | None = None,

@@ -79,6 +79,10 @@ class ScriptedEngine(Engine):
     window: longer inputs raise ``EngineError`` (as a real engine would).
     """
 
+    # Scores are a function of the texts alone: a resumed run may replay an interrupted
+    # charge on the same subsample instead of charging it again (dp_textgrad.dp_es.replay).
+    deterministic_scores = True
+
     def __init__(
         self,
         responses: ResponseScript | None = None,

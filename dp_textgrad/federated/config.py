@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
 from dp_textgrad.federated.coordinator import Shrinkage
-from dp_textgrad.federated.placement import NoisePlacement
+from dp_textgrad.federated.placement import NoisePlacement, check_estimators
 from dp_textgrad.federated.secure_sum import check_secure_aggregation
 from dp_textgrad.settings import EngineSection, OutputSection, TaskSection, _Section, read_config_file
 
@@ -41,8 +41,10 @@ class SplitSection(_Section):
 
 class FederationSection(_Section):
     placement: NoisePlacement = Field("central", description="where the noise is added: central | distributed | local")
-    jse: Shrinkage = Field("none", description="James-Stein shrinkage: none | coordinator | silo")
-    control_variate: bool = Field(False, description="remove each silo's drift with the reference candidate's score")
+    jse: Shrinkage = Field("none", description="James-Stein shrinkage: none | coordinator | silo (placement "
+                                               "'local' only)")
+    control_variate: bool = Field(False, description="remove each silo's drift with the reference candidate's score "
+                                                     "(placement 'local' only)")
     secure_aggregation: bool = Field(False, description="placement 'distributed' only: the coordinator receives "
                                                         "only the sum of the silos' values (Flower SecAgg+)")
     silos: Optional[list[SiloSection]] = Field(None, description="real silos, one private file each")
@@ -65,6 +67,7 @@ class FederationSection(_Section):
         if self.placement == "central" and (self.jse != "none" or self.control_variate):
             raise ValueError("jse: under placement 'central' there are no per-silo noisy estimates; use "
                              "jse 'none' and control_variate false, or placement 'distributed'/'local'")
+        check_estimators(self.placement, self.jse, self.control_variate)
         silos = len(self.silos) if self.silos is not None else self.split.silos
         check_secure_aggregation(self.secure_aggregation, self.placement, silos, self.jse, self.control_variate)
         return self

@@ -7,11 +7,15 @@ single-machine run at the same noise multiplier:
 - ``central``: it asks for un-noised totals and adds them up; the scorer adds the noise
   once (a trusted coordinator, like the Ray backend).
 - ``distributed`` / ``local``: it is a ``NoisingBackend``: every silo adds its own share
-  of the noise, and the coordinator only ever holds noised values. It may then
-  post-process them: remove each silo's drift (control variate) and shrink each silo
-  toward the pooled estimate (coordinator James-Stein), before summing.
+  of the noise, and the coordinator only ever holds noised values. Under ``local`` it may
+  then post-process them: remove each silo's drift (control variate) and shrink each silo
+  toward the pooled estimate (coordinator James-Stein), before summing. Under
+  ``distributed`` a silo's value carries only a share of the noise, so the released total
+  must be the plain sum: both options are refused there.
 - ``distributed`` with ``secure_aggregation``: the transport returns only the sum of the
-  silos' noised values (Flower's SecAgg+, :mod:`dp_textgrad.federated.secure_sum`).
+  silos' noised values (Flower's SecAgg+, :mod:`dp_textgrad.federated.secure_sum`); each
+  silo's share is calibrated to the reconstruction threshold t, and the coordinator adds up
+  the coupling error of the fixed-point sums (the guarantee's delta term).
 
 A transport carries the requests: :class:`InProcessSilos` (tests, benchmarks) or the
 Flower grid (:mod:`dp_textgrad.federated.flower_app`).
@@ -19,15 +23,24 @@ Flower grid (:mod:`dp_textgrad.federated.flower_app`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from dp_textgrad._io import atomic_write_json
 from dp_textgrad.dp_es.scoring import NoisedRelease, SubsampleTotals
-from dp_textgrad.federated.placement import NoisePlacement, check_placement, silo_mechanism
-from dp_textgrad.federated.secure_sum import check_secure_aggregation, value_bound
+from dp_textgrad.federated.placement import NoisePlacement, check_estimators, check_placement, silo_mechanism
+from dp_textgrad.federated.secure_sum import (
+    MAX_COUPLING_ERROR,
+    check_secure_aggregation,
+    coupling_error,
+    unmask_threshold,
+    value_bound,
+)
 from dp_textgrad.federated.shrinkage import remove_drift, shrink_toward_pooled
 from dp_textgrad.federated.silo import Silo, SiloState
 
@@ -62,7 +75,8 @@ class InProcessSilos:
         return replies
 
     def ask_sum(self, request: dict[str, Any], key: str, bound: float) -> np.ndarray:
-        # The arithmetic of a secure sum without its cryptography: the same clipping, one total.
+        # The arithmetic of a secure sum without its cryptography (nor its rounding): the same clipping,
+        # one total.
         replies = [silo.handle(dict(request), state) for silo, state in zip(self.silos, self.states)]
         total = sum(np.clip(np.asarray(r[key], dtype=float), -bound, bound) for r in replies)
         if self.seen is not None:
@@ -77,6 +91,7 @@ def check_shrinkage(shrinkage: str, placement: NoisePlacement, control_variate: 
         raise ValueError("jse: under placement 'central' the coordinator sees only the noised total, so "
                          "there are no per-silo estimates to shrink or correct; use jse='none' and "
                          "control_variate=false, or a 'distributed'/'local' placement")
+    check_estimators(placement, shrinkage, control_variate)
     return shrinkage  # type: ignore[return-value]
 
 
@@ -85,7 +100,7 @@ class FederatedScoring:
 
     def __init__(self, transport: SiloTransport, silo_sizes: Sequence[int], placement: NoisePlacement,
                  shrinkage: Shrinkage = "none", control_variate: bool = False,
-                 secure_aggregation: bool = False) -> None:
+                 secure_aggregation: bool = False, coupling_path: Any = None, num_labels: int | None = None) -> None:
         self.transport = transport
         self.silo_sizes = [int(n) for n in silo_sizes]
         self.placement = check_placement(placement, len(self.silo_sizes))
@@ -93,6 +108,15 @@ class FederatedScoring:
         self.control_variate = bool(control_variate)
         check_secure_aggregation(secure_aggregation, self.placement, self.silos, self.shrinkage, self.control_variate)
         self.secure_aggregation = bool(secure_aggregation)
+        # t: the fewest silos whose sum the coordinator can see (each silo adds sigma^2 / t).
+        self.unmask_threshold = unmask_threshold(self.silos) if self.secure_aggregation else None
+        # Total variation of the fixed-point sums so far (a delta term); kept in ``coupling_path``
+        # (written before each sum, so a resumed run continues it).
+        self.coupling_path = coupling_path
+        self.num_labels = num_labels  # the task's public label count (sizes a confusion sum before it is asked)
+        self.coupling_error = 0.0
+        if coupling_path is not None and Path(coupling_path).is_file():
+            self.coupling_error = float(json.loads(Path(coupling_path).read_text(encoding="utf-8"))["coupling_error"])
         self.num_candidates = 0
 
     @property
@@ -126,7 +150,7 @@ class FederatedScoring:
                    "clip_bound": float(mechanism.clip_bound), "noise_multiplier": float(mechanism.noise_multiplier),
                    "feedback_noise_multiplier": mechanism.feedback_noise_multiplier,
                    "keep_confusion": bool(keep_confusion)}
-        silo_std = silo_mechanism(mechanism, self.placement, self.silos).noise_std
+        silo_std = silo_mechanism(mechanism, self.placement, self.silos, self.unmask_threshold).noise_std
         if self.secure_aggregation:
             return self._secure_sum(request, "sums", mechanism.clip_bound, silo_std)
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
@@ -139,7 +163,8 @@ class FederatedScoring:
                    "num_candidates": self.num_candidates, "clip_bound": float(mechanism.clip_bound),
                    "noise_multiplier": float(mechanism.noise_multiplier),
                    "feedback_noise_multiplier": mechanism.feedback_noise_multiplier}
-        silo_std = silo_mechanism(mechanism, self.placement, self.silos).confusion_noise_std(len(indices))
+        silo_std = silo_mechanism(mechanism, self.placement, self.silos,
+                                  self.unmask_threshold).confusion_noise_std(len(indices))
         if self.secure_aggregation:
             return self._secure_sum(request, "confusion", mechanism.clip_bound, silo_std)
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
@@ -147,9 +172,29 @@ class FederatedScoring:
         return NoisedRelease(np.asarray(total), silo_std * math.sqrt(self.silos))
 
     def _secure_sum(self, request: dict[str, Any], key: str, clip_bound: float, silo_std: float) -> NoisedRelease:
-        """Only the silos' total of ``reply[key]`` reaches the coordinator (public clipping bound)."""
+        """Only the silos' total of ``reply[key]`` reaches the coordinator (public clipping bound, which
+        each silo also applies to its un-noised values)."""
         bound = value_bound(self.silo_sizes, clip_bound, silo_std)
-        return NoisedRelease(self.transport.ask_sum(request, key, bound), silo_std * math.sqrt(self.silos))
+        per_entry = coupling_error(1, self.silos, silo_std, bound)
+        if per_entry > MAX_COUPLING_ERROR:  # checked before anything is sent
+            raise ValueError(f"secure_aggregation: SecAgg+'s 22-bit fixed point over values up to {bound:g} is too "
+                             f"coarse for the silos' noise std {silo_std:g} (coupling error {per_entry:.1e} per "
+                             "value); declare smaller silo sizes, use more noise, or secure_aggregation false")
+        # Counted before the sum is asked for, from its size (K sums, or m L^2 counts; unknown L: after).
+        entries = len(request["prompts"]) if key == "sums" else \
+            None if self.num_labels is None else len(request["indices"]) * int(self.num_labels) ** 2
+        self._count_coupling(per_entry * (entries or 0))
+        total = np.asarray(self.transport.ask_sum({**request, "value_bound": bound}, key, bound))
+        if entries is None:
+            self._count_coupling(per_entry * int(total.size))
+        elif total.size > entries:
+            raise RuntimeError("secure aggregation: the sum has more values than requested")
+        return NoisedRelease(total, silo_std * math.sqrt(self.silos))
+
+    def _count_coupling(self, error: float) -> None:
+        self.coupling_error += error
+        if self.coupling_path is not None:
+            atomic_write_json(self.coupling_path, {"coupling_error": self.coupling_error})
 
     def _post_process(self, sums: np.ndarray, silo_std: float, sampling_rate: float) -> np.ndarray:
         """Drift removal and coordinator shrinkage, in per-record estimate scale (public q * n_s)."""

@@ -84,7 +84,7 @@ class SuperNodeSilo:
         return self.index
 
     def __call__(self, index: int) -> Silo:
-        from dp_textgrad import cli
+        from dp_textgrad.builders import build_task, make_engine
         from dp_textgrad.tasks.loaders import load_classification_file
 
         settings, path = self.settings, self.settings_path
@@ -92,7 +92,7 @@ class SuperNodeSilo:
             raise RuntimeError("SuperNodeSilo: locate the silo (its node config) before building it")
         federation = settings.federation
         names, sizes = deployed_silos(settings)
-        task = cli.build_task(settings.task)
+        task = build_task(settings.task)
         own = federation.silos[index]  # type: ignore[index]
         records: list[list[Any]] = [[] for _ in names]  # the other silos' records stay with them
         records[index] = load_classification_file(own.train, own.text_column, own.label_column, labels=task.labels,
@@ -102,10 +102,11 @@ class SuperNodeSilo:
         config = resolved_config(settings, sizes)
         accounts = Path(federation.silo_accounts) if federation.silo_accounts is not None \
             else path.parent / ACCOUNTS_DIR
-        engine_factory = self.engine_factory or functools.partial(cli.make_engine, settings.engine)
+        engine_factory = self.engine_factory or functools.partial(make_engine, settings.engine)
         builder = SiloBuilder(public_task(task, sizes), names, records, engine_factory, federation.placement,
                               federation.jse == "silo", caps, float(config.delta), config.max_record_tokens,
-                              config.long_records, config.insecure_noise_seed, sizes, accounts)
+                              config.long_records, config.insecure_noise_seed, sizes, accounts,
+                              secure_aggregation=federation.secure_aggregation)
         return builder(index)
 
 
@@ -120,12 +121,12 @@ def client_app(engine_factory: EngineFactory | None = None) -> Any:
 def coordinate_deployment(settings: FederatedSettings, grid: Any, run_dir: Path,
                           engine_factory: EngineFactory | None = None, task: Any = None) -> FederatedOutcome:
     """The coordinator's run over a Flower ``grid`` of SuperNodes, one per silo of ``settings``."""
-    from dp_textgrad import cli
+    from dp_textgrad.builders import build_task, make_engine
     from dp_textgrad.federated.flower_app import FlowerGrid
 
     names, sizes = deployed_silos(settings)
-    task = task if task is not None else cli.build_task(settings.task)
-    engine_factory = engine_factory or functools.partial(cli.make_engine, settings.engine)
+    task = task if task is not None else build_task(settings.task)
+    engine_factory = engine_factory or functools.partial(make_engine, settings.engine)
     deployed = settings.model_copy(update={"federation": settings.federation.model_copy(
         update={"transport": "flower"})})
     return coordinate_federated(deployed, names, sizes, lambda coordinate: coordinate(FlowerGrid(grid, len(sizes))),

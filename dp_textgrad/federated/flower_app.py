@@ -55,13 +55,17 @@ def _load_state(context: Any) -> SiloState:
     saved = json.loads(context.state[_STATE_KEY]["json"])
     arrays = context.state[_STATE_KEY + "_arrays"] if _STATE_KEY + "_arrays" in context.state else {}
     confusion = arrays["confusion"].numpy() if "confusion" in arrays else None
-    return SiloState(events=saved["events"], confusion=confusion)
+    return SiloState(events=saved["events"], confusion=confusion,
+                     feedback_noise_multiplier=saved.get("feedback_noise_multiplier"),
+                     releases=saved.get("releases", []))
 
 
 def _save_state(context: Any, state: SiloState) -> None:
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
-    context.state[_STATE_KEY] = ConfigRecord({"json": json.dumps({"events": state.events})})
+    context.state[_STATE_KEY] = ConfigRecord({"json": json.dumps({
+        "events": state.events, "releases": state.releases,
+        "feedback_noise_multiplier": state.feedback_noise_multiplier})})
     held = {} if state.confusion is None else {"confusion": Array(np.ascontiguousarray(state.confusion))}
     context.state[_STATE_KEY + "_arrays"] = ArrayRecord(held)
 

@@ -31,13 +31,15 @@ from dp_textgrad.federated.config import FederatedSettings
 from dp_textgrad.federated.coordinator import FederatedScoring, InProcessSilos
 from dp_textgrad.federated.placement import guarantees, total_noise_factor
 from dp_textgrad.federated.remote import RemoteRecords
-from dp_textgrad.federated.silo import Silo
+from dp_textgrad.federated.silo import Silo, SiloState
 from dp_textgrad.federated.split import dirichlet_label_split
 from dp_textgrad.privacy.data import PrivateDataset
 
 EngineFactory = Callable[[], Any]
 SETTINGS_NAME = "federation_settings.json"
 ACCOUNTS_DIR = "silo_accounts"
+COUNTS_NAME = "silo_counts.json"  # each silo's public size: declared, or the DP count it released
+COUPLING_NAME = "secure_sum_coupling.json"  # the fixed-point sums' coupling error so far (public numbers)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class SiloBuilder:
     insecure_seed: int | None
     sizes: list[int] | None = None
     accounts: Path | None = None    # where each silo keeps its account file
+    secure_aggregation: bool = False  # distributed: each silo's noise share is calibrated to SecAgg+'s threshold
     _engine: Any = None
 
     def __call__(self, index: int) -> Silo:
@@ -81,7 +84,8 @@ class SiloBuilder:
                           insecure_seed=seed, shrink=self.shrink, max_epsilon=self.max_epsilon[index],
                           delta=self.delta, declared_size=None if self.sizes is None else self.sizes[index],
                           account_path=None if self.accounts is None else self.accounts / account_file(index,
-                                                                                                        self.names[index]))
+                                                                                                        self.names[index]),
+                          secure_aggregation=self.secure_aggregation)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -130,22 +134,23 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
     default to the settings'."""
     import functools
 
-    from dp_textgrad import cli
+    from dp_textgrad.builders import build_task, make_engine
 
     federation = settings.federation
-    task = task if task is not None else cli.build_task(settings.task)
-    engine_factory = engine_factory or functools.partial(cli.make_engine, settings.engine)
+    task = task if task is not None else build_task(settings.task)
+    engine_factory = engine_factory or functools.partial(make_engine, settings.engine)
     names, records, caps = silo_records(settings, task)
     declared = [s.size for s in federation.silos] if federation.silos is not None else [None] * len(records)
-    sizes = [d if d is not None else len(r) for d, r in zip(declared, records)]
-    config = resolved_config(settings, sizes)
     if resume and run_dir is None:
         raise ValueError("resume: name the run directory to continue")
     run_dir = Path(run_dir) if run_dir is not None else runs.new_run_dir(settings.output.runs_root, prefix="federated")
     accounts = Path(federation.silo_accounts) if federation.silo_accounts is not None else run_dir / ACCOUNTS_DIR
+    sizes, config, ledger = public_sizes(settings, names, records, caps, declared, accounts, run_dir, resume)
+    resolved = config.resolved()
     builder = SiloBuilder(public_task(task, sizes), names, records, engine_factory, federation.placement,
-                          federation.jse == "silo", caps, float(config.delta), config.max_record_tokens,
-                          config.long_records, config.insecure_noise_seed, sizes, accounts)
+                          federation.jse == "silo", caps, float(resolved.delta), resolved.max_record_tokens,
+                          resolved.long_records, resolved.insecure_noise_seed, sizes, accounts,
+                          secure_aggregation=federation.secure_aggregation)
 
     def transport(coordinate: Callable[[Any], Any]) -> Any:
         if federation.transport == "in_process":
@@ -155,12 +160,87 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
         return run_flower_simulation(builder, len(sizes), coordinate, cpus_per_silo=federation.cpus_per_silo)
 
     return coordinate_federated(settings, names, sizes, transport, engine_factory=engine_factory, task=task,
-                                progress=progress, run_dir=run_dir, resume=resume)
+                                progress=progress, run_dir=run_dir, resume=resume, config=config, ledger=ledger)
 
 
 def resolved_config(settings: FederatedSettings, sizes: list[int]) -> Any:
-    """The run's DP-ES settings with N the sum of the silos' public sizes (delta follows from it)."""
-    return settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved(sum(sizes))
+    """The run's DP-ES settings when every silo's size is declared public (a deployment): N is the
+    declared ``dp.dataset_size``, else the sum of the declared sizes; delta follows from it."""
+    return settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved()
+
+
+def public_sizes(settings: FederatedSettings, names: list[str], records: list[list[Any]],
+                 caps: list[float | None], declared: list[int | None], accounts: Path, run_dir: Path,
+                 resume: bool) -> tuple[list[int], Any, Any]:
+    """Each silo's public size, the run's DP-ES settings, and the coordinator's ledger of the counts.
+
+    - N declared (``dp.dataset_size``): a silo without a declared size is given an equal share
+      of N (public, no record read); nothing is counted.
+    - Every silo's size declared: N is their sum (declared); nothing is counted.
+    - Otherwise every silo without a declared size releases a DP count of its records
+      (:class:`~dp_textgrad.privacy.mechanisms.LaplaceCountMechanism` at ``dp.size_epsilon``,
+      charged in its own account first); N is the sum. A record lives in one silo, so the
+      vector of counts is size_epsilon-DP (parallel composition) against everyone: the
+      coordinator's ledger charges one count event and closes that stage, and the search is
+      planned from the noisy N (q, delta, every displayed size).
+
+    The non-private baseline (``dp.privacy`` off) takes the record counts, claiming nothing.
+    Returns (sizes, configuration for the optimizer, ledger or None); a resumed run reads the
+    counts it released (``silo_counts.json``) and is not charged again.
+    """
+    dp = settings.dp
+    if dp.privacy != "dp":
+        sizes = [d if d is not None else len(r) for d, r in zip(declared, records)]
+        return sizes, dp.model_copy(update={"dataset_size": dp.dataset_size or sum(sizes)}), None
+    if dp.dataset_size is not None:
+        share = max(1, round(dp.dataset_size / len(records)))
+        return [d if d is not None else share for d in declared], dp, None
+    if all(d is not None for d in declared):
+        total = sum(int(d) for d in declared if d is not None)
+        return [int(d) for d in declared if d is not None], dp.model_copy(update={"dataset_size": total}), None
+    counts_path = run_dir / COUNTS_NAME
+    if resume:
+        if not counts_path.is_file():
+            raise ValueError(f"resume: no {COUNTS_NAME} in {run_dir}: the silos' counts were not released, so there "
+                             "is nothing to continue; start a new run")
+        sizes = [int(n) for n in runs.read_json(counts_path)["silo_sizes"]]
+        return sizes, dp.model_copy(update={"counted_dataset_size": sum(sizes)}), None
+    from dp_textgrad.dp_es.config import DEFAULT_DELTA
+    from dp_textgrad.dp_es.size_count import SIZE_COUNT_LABEL
+    from dp_textgrad.privacy.accounting.ledger import PrivacyLedger
+    from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism
+    from dp_textgrad.privacy.noise import NoiseSource
+
+    mechanism = LaplaceCountMechanism(dp.size_epsilon)
+    delta = dp.delta if dp.delta is not None else DEFAULT_DELTA  # fixed before the count: not from N
+    ledger = PrivacyLedger(dp.epsilon, delta)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger.persist_to(runs.RunDir(run_dir).ledger)
+    ledger.declare_noise(NoiseSource(insecure_seed=dp.insecure_noise_seed).sampler)
+    ledger.spend(mechanism.event(), SIZE_COUNT_LABEL + " (each silo counts its own records)",
+                 {**mechanism.metadata(), "silos": sum(d is None for d in declared)})
+    ledger.complete_stage()
+    sizes = []
+    for index, (name, part, cap, size) in enumerate(zip(names, records, caps, declared)):
+        if size is not None:
+            sizes.append(int(size))
+            continue
+        # The silo's own noise (a seed apart from its scoring noise) and account; it charges, then counts.
+        seed = None if dp.insecure_noise_seed is None else dp.insecure_noise_seed * 1013 + 7 * index + 5
+        silo = Silo(name, _RecordsOnly(PrivateDataset(part)), None, settings.federation.placement, len(records),
+                    NoiseSource(seed), max_epsilon=cap, delta=delta, account_path=accounts / account_file(index, name),
+                    size_epsilon=mechanism.epsilon)
+        sizes.append(int(silo.handle({"kind": "size_count"}, SiloState())["size"]))
+    runs.write_json(counts_path, {"silo_sizes": sizes, "counted": [d is None for d in declared],
+                                  "size_epsilon": mechanism.epsilon})
+    return sizes, dp.model_copy(update={"counted_dataset_size": sum(sizes)}), ledger
+
+
+@dataclass
+class _RecordsOnly:
+    """What a silo needs to count its records: the records (no engine, no template)."""
+
+    private_train: Any
 
 
 def public_task(task: Any, sizes: list[int]) -> Any:
@@ -171,7 +251,7 @@ def public_task(task: Any, sizes: list[int]) -> Any:
 def coordinate_federated(settings: FederatedSettings, names: list[str], sizes: list[int],
                          transport: Callable[[Callable[[Any], Any]], Any], *, engine_factory: EngineFactory,
                          task: Any, run_dir: Path, progress: Callable[[GenerationReport], None] | None = None,
-                         resume: bool = False) -> FederatedOutcome:
+                         resume: bool = False, config: Any = None, ledger: Any = None) -> FederatedOutcome:
     """The coordinator's side of a run: the DP-ES loop over ``transport`` (which calls ``coordinate``
     with a silo transport), then ``federation.json``. It holds the silos' names and public sizes only."""
     from dp_textgrad import workflow
@@ -180,36 +260,55 @@ def coordinate_federated(settings: FederatedSettings, names: list[str], sizes: l
     started = time.perf_counter()
     federation = settings.federation
     shell = public_task(task, sizes)
-    config = resolved_config(settings, sizes)
+    config = config if config is not None else resolved_config(settings, sizes)
     if not resume:
         runs.write_json(run_dir / SETTINGS_NAME, settings.model_dump(mode="json"))
     engine = engine_factory()
+    backends: list[FederatedScoring] = []
 
     def coordinate(silos: Any) -> Any:
         backend = FederatedScoring(silos, sizes, federation.placement, federation.jse, federation.control_variate,
-                                   federation.secure_aggregation)
+                                   federation.secure_aggregation, coupling_path=run_dir / COUPLING_NAME,
+                                   num_labels=len(task.labels))
+        backends.append(backend)
         # The lifetime store keys a dataset by its records, which the coordinator never holds: each
         # silo keeps its own account instead (max_epsilon, silo_accounts; docs/federated.md).
         return workflow.run(shell, engine, config, run_dir=run_dir, evaluate=settings.output.evaluate,
                             on_generation=progress, task_name=f"federated:{settings.task.name or 'custom'}",
                             engine_name=settings.engine.kind, lifetime=LifetimeOptions(enabled=False),
-                            scoring=lambda *_: backend, resume=resume)
+                            scoring=lambda *_: backend, resume=resume, ledger=ledger)
 
     outcome = transport(coordinate)
-    promised = guarantees(federation.placement, len(sizes), outcome.optimizer.ledger.events, float(config.delta),
-                          _smallest_bound, federation.secure_aggregation)
+    threshold = backends[-1].unmask_threshold if backends else None
+    coupling = backends[-1].coupling_error if backends else 0.0
+    promised = guarantees(federation.placement, len(sizes), outcome.optimizer.ledger.events,
+                          float(outcome.optimizer.ledger.delta),
+                          _smallest_bound, federation.secure_aggregation, unmask_threshold=threshold,
+                          coupling_error=coupling)
     seconds = time.perf_counter() - started
     federation_record = {
         "placement": federation.placement, "silos": len(sizes), "silo_names": names, "silo_sizes": sizes,
         "jse": federation.jse, "control_variate": federation.control_variate,
         "secure_aggregation": federation.secure_aggregation,
-        "total_noise_factor": total_noise_factor(federation.placement, len(sizes)),
+        "total_noise_factor": total_noise_factor(federation.placement, len(sizes), threshold),
+        "unmask_threshold": threshold, "coupling_error": coupling, "size_source": size_source(settings, run_dir),
         "guarantees": [g.to_dict() for g in promised], "transport": federation.transport,
         "evaluation": dataclasses.asdict(outcome.evaluation) if outcome.evaluation is not None else None,
         "seconds": seconds,
     }
     runs.write_released_json(run_dir, "federation.json", "federation", federation_record)
     return FederatedOutcome(run_dir, outcome.result, federation_record, seconds)
+
+
+def size_source(settings: FederatedSettings, run_dir: Path) -> str:
+    """Where a run's silo sizes come from (:func:`public_sizes`): dp_count, declared or equal_shares."""
+    if (Path(run_dir) / COUNTS_NAME).is_file():
+        return "dp_count"
+    silos = settings.federation.silos
+    if settings.dp.privacy == "dp" and settings.dp.dataset_size is not None and \
+            (silos is None or any(s.size is None for s in silos)):
+        return "equal_shares"
+    return "declared" if settings.dp.privacy == "dp" else "record_counts (privacy off)"
 
 
 def _smallest_bound(events: list[Any], delta: float) -> float:

@@ -74,7 +74,7 @@ class Private(Generic[T]):
 
 
 class PrivateDataset(Generic[T]):
-    """The private training set D. Its size N is treated as public (see docs/privacy.md)."""
+    """The private training set D. Its size N is private unless declared (docs/privacy.md, "The dataset size")."""
 
     __slots__ = ("_records",)
 

@@ -37,6 +37,7 @@ import dp_accounting
 import numpy as np
 
 from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent
+from dp_textgrad.privacy.counting import LaplaceCountMechanism  # the dataset size's count, re-exported here
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.privacy.validation import (
     check_k,
@@ -355,6 +356,7 @@ __all__ = [
     "ExponentialMechanism",
     "GaussianScoreMechanism",
     "GumbelTopK",
+    "LaplaceCountMechanism",
     "PermuteAndFlip",
     "SelectionMechanism",
     "check_sampling_rate",
@@ -365,3 +367,4 @@ __all__ = [
     "selection_mechanism",
     "selection_metadata",
 ]
+

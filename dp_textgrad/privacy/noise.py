@@ -10,8 +10,9 @@ selection, Poisson subsampling order in tests) uses a separate, seeded
 knows the seed can subtract the noise, so such a source reports ``secure = False``
 and every release made with it must be labelled insecure.
 
-Releases go through samplers made for DP: :meth:`NoiseSource.add_gaussian` and
-:meth:`NoiseSource.noisy_top_k` use OpenDP (``opendp``), which samples exactly from a
+Releases go through samplers made for DP: :meth:`NoiseSource.add_gaussian`,
+:meth:`NoiseSource.noisy_top_k` and :meth:`NoiseSource.add_discrete_laplace` (integer
+counts) use OpenDP (``opendp``), which samples exactly from a
 discrete distribution on a fine grid with a cryptographically secure generator and
 rounds once, so the released floats do not leak through their low-order bits as
 textbook float samplers do (Mironov, CCS 2012). A secure source never uses numpy for a
@@ -25,6 +26,7 @@ record (the twin-run test relies on that).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 from functools import lru_cache
@@ -96,6 +98,25 @@ class NoiseSource:
         needs the subsample to stay hidden), apart from the noise generator."""
         return self._sampling_rng
 
+    def for_charge(self, key: str) -> NoiseSource:
+        """The source of one charge's noise, named by ``key`` (the ledger entry and the part).
+
+        Secure: this source itself (OpenDP draws fresh noise; nothing can be replayed).
+        Insecure: a source derived from the seed and ``key`` alone, so that a resumed run
+        redraws exactly the noise an uninterrupted run draws for that charge (``docs/privacy.md``,
+        "Interruptions"); the subsample generator stays apart (see :func:`charge_generator`).
+        """
+        if self._secure or type(self) is not NoiseSource:  # a subclass (an audit's control) keeps its draws
+            return self
+        source = NoiseSource(insecure_seed=self._insecure_seed)
+        source._rng = np.random.Generator(np.random.PCG64(_seed_words(str(self._insecure_seed).encode(), key)))
+        return source
+
+    def replay_secret(self) -> bytes | None:
+        """The insecure seed as the secret of :func:`charge_generator` (None when secure: the run
+        keeps its own secret, see ``dp_textgrad.dp_es.replay``)."""
+        return None if self._secure else f"insecure-noise-seed:{self._insecure_seed}".encode()
+
     def __repr__(self) -> str:
         if self._secure:
             return "NoiseSource(secure=True)"
@@ -146,6 +167,25 @@ class NoiseSource:
         draws = self.gumbel(scale, u.size) if noise == "gumbel" else self._rng.exponential(scale, u.size)
         return [int(i) for i in np.argsort(-(u + draws), kind="stable")[:k]]
 
+    def add_discrete_laplace(self, value: int, scale: float) -> int:
+        """``value`` + discrete Laplace noise, P(k) proportional to exp(-|k| / scale).
+
+        An integer release (a count) has no low-order bits to leak: secure, OpenDP's
+        exact discrete Laplace sampler; insecure, the difference of two geometric draws
+        from numpy (the same distribution), reproducible from the seed.
+        """
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"value: must be an int, got {type(value).__name__}")
+        scale = _check_scale(scale)
+        if scale == 0.0:
+            return int(value)
+        if self._secure:
+            return int(_opendp_discrete_laplace(scale)(int(value)))
+        # X - Y with X, Y ~ Geometric(1 - exp(-1/scale)) on {0, 1, ...} is discrete Laplace(scale).
+        success = -math.expm1(-1.0 / scale)
+        draws = self._rng.geometric(success, 2) - 1
+        return int(value) + int(draws[0] - draws[1])
+
     # -- raw samplers (numpy; for audits and simulations, not for releases) -------------
     def normal(self, scale: float, size: Size = None) -> np.ndarray | float:
         """Gaussian noise N(0, scale^2) from numpy (not floating-point safe)."""
@@ -166,6 +206,21 @@ class NoiseSource:
             raise ValueError("p: probabilities must be finite and in [0, 1]")
         draws = self._rng.random(probs.shape) < probs
         return bool(draws) if draws.ndim == 0 else draws
+
+
+def _seed_words(secret: bytes, key: str) -> list[int]:
+    """256 bits from a keyed BLAKE2b of ``key``: unpredictable without ``secret``, fixed with it."""
+    digest = hashlib.blake2b(key.encode("utf-8"), key=secret[:64], digest_size=32).digest()
+    return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 32, 4)]
+
+
+def charge_generator(secret: bytes, key: str) -> np.random.Generator:
+    """The generator of one charge's secret Poisson subsample, from the run's ``secret`` and the
+    charge's ``key``: every attempt at that charge draws the same subsample, and without the
+    secret the draws are as unpredictable as the OS-seeded generator's."""
+    if not isinstance(secret, bytes) or len(secret) < 16:
+        raise ValueError("secret: must be at least 16 bytes")
+    return np.random.Generator(np.random.PCG64(_seed_words(secret, key)))
 
 
 def _restore_insecure(seed: int, state: dict, sampling_state: dict | None = None) -> NoiseSource:
@@ -197,3 +252,9 @@ def _opendp_top_k(size: int, scale: float, k: int, noise: str) -> Any:
     # OpenDP picks the noise from the privacy measure: zCDP -> Gumbel, pure DP -> Exponential.
     measure = dp.zero_concentrated_divergence() if noise == "gumbel" else dp.max_divergence()
     return dp.m.make_noisy_top_k(domain, dp.linf_distance(T=float, monotonic=True), measure, k=k, scale=scale)
+
+
+@lru_cache(maxsize=64)
+def _opendp_discrete_laplace(scale: float) -> Any:
+    dp = _opendp()
+    return dp.m.make_laplace(dp.atom_domain(T=int), dp.absolute_distance(T=int), scale=scale)

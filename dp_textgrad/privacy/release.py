@@ -51,13 +51,13 @@ CHANNELS: dict[str, dict[str, str]] = {
         "best_candidate_id": DP_OUTPUT,
         "best_estimate": DP_OUTPUT,
         "mean_estimate": DP_OUTPUT,
-        "noise_std_estimate": PUBLIC,        # z, C, K, q and the public N only
+        "noise_std_estimate": DP_OUTPUT,     # z, C, K, q and N: the declared N (public) or the DP count
         "epsilon_spent": PUBLIC,             # a function of the charged events' public parameters
         "epsilons": PUBLIC,
         "public_calls": PUBLIC,              # mutation and critique calls (public inputs)
         "public_prompt_tokens": PUBLIC,
         "public_completion_tokens": PUBLIC,
-        "planned_private_evaluations": PUBLIC,  # q N K: the expectation, not the realised count
+        "planned_private_evaluations": DP_OUTPUT,  # q N K with the declared or DP-counted N, not the real count
         "private_calls": OPERATOR_ONLY,      # depend on the secret subsample
         "private_prompt_tokens": OPERATOR_ONLY,
         "private_completion_tokens": OPERATOR_ONLY,
@@ -79,7 +79,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "lineage": DP_OUTPUT,
         "evaluation": PUBLIC,                # the user's test split: not private training data
         "public_usage": PUBLIC,
-        "planned_private_evaluations": PUBLIC,
+        "planned_private_evaluations": DP_OUTPUT,  # from the declared (public) or DP-counted N
         "fewshot": PUBLIC,                   # the audit's positive control: says it is NOT private
         "seconds": OPERATOR_ONLY,
         "engine_usage": OPERATOR_ONLY,       # totals include the private phase
@@ -88,8 +88,9 @@ CHANNELS: dict[str, dict[str, str]] = {
     "checkpoint": {
         "format": PUBLIC,
         "generation": PUBLIC,
-        "config": PUBLIC,
-        "plan_value": PUBLIC,                # the calibrated parameter: a function of the schedule only
+        "config": PUBLIC,                    # its counted_dataset_size (N not declared) is the DP count of N
+        "plan_value": PUBLIC,                # the calibrated parameter: a function of the schedule (whose q may
+                                             # come from the DP count of N: post-processing)
         "population": DP_OUTPUT,             # texts chosen and scored by DP mechanisms
         "public_rng_state": PUBLIC,          # advanced by public choices only
         "history": NESTED + "metrics",
@@ -102,11 +103,12 @@ CHANNELS: dict[str, dict[str, str]] = {
     "config": {
         "task": PUBLIC,
         "engine": PUBLIC,
-        "config": PUBLIC,
+        "config": PUBLIC,                    # settings; with N not declared its counted_dataset_size and the q and
+                                             # delta derived from it are post-processing of the DP count of N
         "seed_prompt": PUBLIC,
         "noise_multiplier": PUBLIC,
         "selection_epsilon": PUBLIC,
-        "dataset_size": PUBLIC,              # N is declared public (docs/privacy.md)
+        "dataset_size": DP_OUTPUT,           # the declared N (public) or the DP count of N (docs/privacy.md)
         "noise": PUBLIC,
     },
     # one line of runs/run_metadata.jsonl
@@ -138,11 +140,14 @@ CHANNELS: dict[str, dict[str, str]] = {
         "placement": PUBLIC,
         "silos": PUBLIC,
         "silo_names": PUBLIC,
-        "silo_sizes": PUBLIC,                # each silo's record count, declared public like N
+        "silo_sizes": PUBLIC,                # each silo's declared size, or the DP count it released
         "jse": PUBLIC,
         "control_variate": PUBLIC,
         "secure_aggregation": PUBLIC,        # a setting: whether the silos' values were summed by SecAgg+
         "total_noise_factor": PUBLIC,        # std of the noise on the total / sigma: a function of S
+        "unmask_threshold": PUBLIC,          # t of SecAgg+ (a function of S): each silo adds sigma^2 / t
+        "size_source": PUBLIC,               # declared | dp_count | equal_shares: where silo_sizes come from
+        "coupling_error": PUBLIC,            # fixed-point bound from public sizes, clip bound and noise stds
         "guarantees": PUBLIC,                # from the charged events' public parameters
         "transport": PUBLIC,
         "evaluation": PUBLIC,                # the coordinator's public test split
@@ -176,7 +181,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "population": PUBLIC,
         "parents": PUBLIC,
         "sampling_rate": PUBLIC,
-        "dataset_size": PUBLIC,              # N is declared public (docs/privacy.md)
+        "dataset_size": DP_OUTPUT,           # the declared N (public) or the DP count of N (docs/privacy.md)
         "selection": PUBLIC,
         "mechanism": PUBLIC,
         "noise_multiplier": PUBLIC,
@@ -193,6 +198,10 @@ CHANNELS: dict[str, dict[str, str]] = {
         "lifetime_accountant": PUBLIC,
         "lifetime_cap": PUBLIC,
         "lifetime_cap_overridden": PUBLIC,
+        "lifetime_delta": PUBLIC,            # the dataset's one lifetime delta (declared or its first run's)
+        "lifetime_filter_epsilon": PUBLIC,   # the Renyi filter bound the cap is checked against
+        "lifetime_filter_epsilon_with_plan": PUBLIC,
+        "dataset_key": PUBLIC,               # the name the data's owner declared; never the fingerprint
         "run_dir": PUBLIC,
         "stopped_early": PUBLIC,
         "store": OPERATOR_ONLY,              # a path on the operator's machine
@@ -209,8 +218,12 @@ TEXT_CHANNELS: dict[str, str] = {
                          "files report.*, plots/, result.json, released_prompt.txt as artifacts",
     "cli_settings.json": "the user's settings (public)",
     "federation_settings.json": "a federated run's settings (public; what `federated --resume` continues with)",
-    "silo_accounts/": "each silo's own account: the events its noise answered, from public parameters only "
-                      "(in a deployment each silo keeps its own file)",
+    "silo_accounts/": "each silo's own account: the events its noise answered and the releases it sent, from "
+                      "public parameters only (in a deployment each silo keeps its own file)",
+    "silo_counts.json": "a federated run's silo sizes: declared, or each silo's DP count of its records "
+                        "(discrete Laplace at the silo, charged in its account and in the ledger's first stage)",
+    "secure_sum_coupling.json": "the fixed-point coupling error of a federated run's secure sums so far (from "
+                                "public sizes, clip bound and noise stds)",
     "console (stdout)": "budget, plan and public costs; per generation: generation, DP estimates, epsilon spent; "
                         "with --json one `events` object per line; with --quiet only the run directory",
     "console (stderr)": "one-line errors that quote no private record and no private-derived number; "
@@ -222,7 +235,8 @@ TEXT_CHANNELS: dict[str, str] = {
     "exit codes": "0 released, 3 released after an early stop (budget or callback), 1 run failure, "
                   "2 bad input, 130 interrupted: all decided by public events",
     "operator/": "operator-only values (real private-phase usage and time, raw engine error text): "
-                 "derived from private data without noise, do not share",
+                 "derived from private data without noise, do not share; also the run's subsample secret "
+                 "(`run_secret`) and the journal of releases (`releases/`), see \"Interruptions\"",
 }
 
 

@@ -53,8 +53,10 @@ def _mechanism(config: dict[str, Any]) -> str:
 def _schedule(config: dict[str, Any]) -> str:
     cfg = config.get("config", {})
     q = cfg.get("sampling_rate")
-    size = config.get("dataset_size") or cfg.get("dataset_size")
-    expected = f" (about {float(q) * int(size):.0f} of N = {size} records per generation)" if q and size else ""
+    size = config.get("dataset_size") or cfg.get("dataset_size") or cfg.get("counted_dataset_size")
+    counted = cfg.get("dataset_size") is None and cfg.get("counted_dataset_size") is not None
+    shown = f"{size}, a DP count," if counted else f"{size}"
+    expected = f" (about {float(q) * int(size):.0f} of N = {shown} records per generation)" if q and size else ""
     return (f"{cfg.get('generations')} generations, population {cfg.get('population')}, "
             f"{cfg.get('parents')} parents, Poisson sampling rate q = {sig(q)}{expected}")
 

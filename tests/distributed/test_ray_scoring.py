@@ -24,7 +24,7 @@ from dp_textgrad.dp_es.scoring import LocalScoring  # noqa: E402
 from dp_textgrad.engines.scripted import ScriptedEngine  # noqa: E402
 from dp_textgrad.privacy.data import PrivateScoringError  # noqa: E402
 from dp_textgrad.tasks.synthetic import make_support_task  # noqa: E402
-import helpers  # noqa: E402
+from tests import helpers  # noqa: E402
 
 tg = import_textgrad()
 
@@ -140,7 +140,7 @@ def test_failed_scoring_keeps_the_charge_and_quotes_nothing(local_ray, task) -> 
         opt = make_opt(task, scoring=pool)
         with pytest.raises(PrivateScoringError) as caught:
             opt.step()
-    assert len(opt.ledger.entries) == 1  # charged before the actors were asked
+    assert len(opt.ledger.entries) == 2  # the DP count of N, then this step: charged before the actors were asked
     assert "stolen" not in str(caught.value) and "17" not in str(caught.value)
     assert caught.value.__cause__ is None and caught.value.__context__ is None
 

@@ -18,7 +18,7 @@ from dp_textgrad.dp_es.population import Candidate
 from dp_textgrad.privacy.data import Private, PrivateDataError, PublicText
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.tasks.base import Example
-from fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM
 
 LABELS = ["billing", "refund", "technical"]
 DESCRIPTION = PublicText("Sort customer support messages into billing, refund or technical.", "user")

@@ -27,7 +27,7 @@ from dp_textgrad.dp_es.population import Candidate
 from dp_textgrad.privacy.data import Private, PrivateDataError, PrivateDataset, PublicText
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.tasks.base import Example
-from fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM
 
 LABELS = ["billing", "refund", "technical"]
 PUBLIC = [

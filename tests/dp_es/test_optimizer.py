@@ -21,7 +21,7 @@ from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.base import ClassificationTask, Example
 from dp_textgrad.tasks.synthetic import make_support_task
-from helpers import SUPPORT_CUES, support_cue_rule
+from tests.helpers import SUPPORT_CUES, support_cue_rule
 
 tg = import_textgrad()
 
@@ -51,8 +51,10 @@ def test_cue_rule_speaks_the_task_labels(task) -> None:
 
 def make_opt(task, tmp_path=None, **settings) -> tuple[DPEvolutionStrategy, object]:
     prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
+    # N declared (the synthetic task's size is public): these tests are about the search; the DP count
+    # of an undeclared N is tested in test_dataset_size.py and in test_ledger_equals_the_planned_event.
     defaults = dict(epsilon=3.0, generations=3, population=4, parents=2, sampling_rate=0.3,
-                    insecure_noise_seed=7, seed=1)
+                    insecure_noise_seed=7, seed=1, dataset_size=300)
     defaults.update(settings)
     opt = DPEvolutionStrategy([prompt], task=task, engine=make_engine(), checkpoint_dir=tmp_path, **defaults)
     return opt, prompt
@@ -81,12 +83,20 @@ def test_full_run_stays_within_budget_and_updates_variable(task) -> None:
     {"selection": "exponential", "feedback": "none", "final_selection": "exponential", "final_epsilon": 0.2},
     {"selection": "permute_and_flip", "feedback": "none"},
     {"llm_operators": False},
-], ids=["gaussian+feedback", "gaussian+final-pf", "exponential", "permute-and-flip", "feedback-unread"])
+    {"dataset_size": None},
+    {"dataset_size": None, "selection": "permute_and_flip", "feedback": "none", "final_selection": "exponential",
+     "final_epsilon": 0.2},
+], ids=["gaussian+feedback", "gaussian+final-pf", "exponential", "permute-and-flip", "feedback-unread",
+        "size-counted", "size-counted+pf"])
 def test_ledger_equals_the_planned_event(task, settings) -> None:
     opt, _ = make_opt(task, **settings)
     opt.run()
-    # Same atoms with the same counts, not just the same epsilon: the plan is what ran.
+    # Same atoms with the same counts, not just the same epsilon: the plan is what ran (the DP count
+    # of N first when N is not declared).
     assert _group_events(opt.ledger.events) == _group_events([opt.plan.event])
+    assert (opt.plan.size_count is not None) == (settings.get("dataset_size", 300) is None)
+    # The ledger's bounds are the plan's: the count's pure epsilon plus the search's (two stages).
+    assert opt.ledger.epsilons() == pytest.approx(opt.plan.epsilons(opt.config.delta), rel=1e-6)
     planned = opt.plan.event
     delta = opt.config.delta
     for accountant in default_accountants():
@@ -346,7 +356,8 @@ def test_charge_is_on_disk_before_any_record_is_read(task, tmp_path: Path) -> No
     prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
     engine = ScriptedEngine(responses=["Label the message.</PROMPT>"], choice_rule=exploding_rule)
     opt = DPEvolutionStrategy([prompt], task=task, engine=engine, checkpoint_dir=tmp_path, epsilon=3.0,
-                              generations=3, population=4, parents=2, sampling_rate=0.3, use_critiques=False)
+                              generations=3, population=4, parents=2, sampling_rate=0.3, use_critiques=False,
+                              dataset_size=300)
     with pytest.raises(PrivateScoringError, match="scoring the private records failed") as failure:
         opt.step()
     assert "engine crashed" not in str(failure.value) and "engine crashed" in failure.value.operator_detail

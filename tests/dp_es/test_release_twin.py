@@ -16,9 +16,9 @@ import pytest
 from tests.twin import base_rows, differences, json_differences, long_record, masked_differences, run_twin
 
 SCHEDULES = {
-    "gaussian": "epsilon = 4\ndataset_size = 40\ngenerations = 3\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
+    "gaussian": "epsilon = 4\ngenerations = 3\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
                 "feedback = \"none\"\ninsecure_noise_seed = 11\n",
-    "exponential": "epsilon = 4\ndataset_size = 40\ngenerations = 3\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
+    "exponential": "epsilon = 4\ngenerations = 3\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
                    "selection = \"exponential\"\ninsecure_noise_seed = 11\n",
 }
 
@@ -30,7 +30,9 @@ def twins(request, tmp_path_factory):
         rows = base_rows(40)
         schedule = SCHEDULES[request.param]
         d = run_twin(tmp_path_factory.mktemp("d"), rows, monkeypatch, schedule)
-        dx = run_twin(tmp_path_factory.mktemp("dx"), rows + [long_record(rows)], monkeypatch, schedule)
+        # N is not declared: each run releases a DP count, coupled as in its proof (tests/twin.py).
+        dx = run_twin(tmp_path_factory.mktemp("dx"), rows + [long_record(rows)], monkeypatch, schedule,
+                      coupled_extra_records=1)
     finally:
         monkeypatch.undo()
     return d, dx
@@ -40,6 +42,18 @@ def test_the_runs_finish(twins) -> None:
     for capture in twins:
         assert capture.exit_code == 0, capture.stdout + capture.stderr
         assert "result.json" in capture.released
+
+
+def test_the_size_is_a_dp_count_charged_first(twins) -> None:
+    # Without a declared N the released size is the noisy count, and the ledger charged it first.
+    for capture in twins:
+        config = json.loads(capture.released["config.json"])
+        assert config["config"]["dataset_size"] is None
+        assert config["dataset_size"] == config["config"]["counted_dataset_size"]
+        first = json.loads(capture.released["ledger.jsonl"].splitlines()[1])
+        assert first["metadata"]["mechanism"] == "laplace_count"
+    counted = [json.loads(c.released["config.json"])["dataset_size"] for c in twins]
+    assert counted[0] == counted[1]  # coupled: the same count released for 40 and 41 records
 
 
 def test_every_released_channel_is_identical(twins) -> None:
@@ -63,7 +77,7 @@ SENTIMENT = {"positive": "a wonderful and moving film that I loved", "negative":
 LOCAL_ENGINE = '[engine]\nkind = "llama_cpp"\noptions = { n_ctx = 1024, n_threads = 1 }\n'
 LOCAL_TASK = 'description = "Short film reviews: positive, negative or neutral."\nseed_prompt = "Is the review ' \
              'positive, negative or neutral?"\n'
-LOCAL_SCHEDULE = ("epsilon = 4\ndataset_size = 24\ngenerations = 2\npopulation = 3\nparents = 2\n"
+LOCAL_SCHEDULE = ("epsilon = 4\ngenerations = 2\npopulation = 3\nparents = 2\n"
                   "sampling_rate = 0.5\nfeedback = \"none\"\nuse_critiques = false\nmax_record_tokens = 96\n"
                   "insecure_noise_seed = 2\n")
 
@@ -98,7 +112,8 @@ def test_twin_runs_with_the_real_local_engine(tmp_path, monkeypatch) -> None:
     engine.close()
     unseen = [label for label in labels if label not in predicted]
     assert unseen, f"every label is predicted for x by some candidate ({predicted}); change the seed"
-    dx = run_twin(tmp_path / "dx", rows + [(text, unseen[0])], monkeypatch, LOCAL_SCHEDULE, **run)
+    dx = run_twin(tmp_path / "dx", rows + [(text, unseen[0])], monkeypatch, LOCAL_SCHEDULE, **run,
+                  coupled_extra_records=1)  # N is not declared: the size counts are coupled (tests/twin.py)
     assert dx.exit_code == 0, dx.stdout + dx.stderr
     diff = masked_differences(d, dx)
     details = {name: json_differences(d, dx, name) for name in diff if name.endswith((".json", ".jsonl"))}

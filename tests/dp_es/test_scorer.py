@@ -26,7 +26,7 @@ from dp_textgrad.privacy.mechanisms import (
 from dp_textgrad.dp_es.selector import top_k, tournament
 from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK, PermuteAndFlip
 from dp_textgrad.tasks.base import Example
-from helpers import LABELS, RuleEngine, ZeroNoise, candidates, make_records, make_table_task, make_task
+from tests.helpers import LABELS, RuleEngine, ZeroNoise, candidates, make_records, make_table_task, make_task
 
 def score_gaussian(scorer, cands, z, label, feedback_candidates=(), feedback_noise_multiplier=None):
     """Score with the Gaussian mechanism the plan would hold for these candidates."""

@@ -343,3 +343,22 @@ def test_default_threads_use_the_free_cpus(monkeypatch, cpus, load, expected):
     assert llama_cpp.default_threads() == expected
     monkeypatch.setenv("DP_TEXTGRAD_THREADS", "3")
     assert llama_cpp.default_threads() == 3
+
+
+@pytest.mark.slow
+def test_label_scores_do_not_depend_on_earlier_work_or_threads(llama_engine: LlamaCppEngine) -> None:
+    # The engine declares deterministic_scores: a resumed run replays an interrupted charge on
+    # the same subsample in a fresh process (cold caches, maybe another thread count) and must
+    # compute the very numbers the interrupted attempt would have (docs/privacy.md, Interruptions).
+    assert LlamaCppEngine.deterministic_scores
+    long_prefix = PREFIX * 6  # long enough for the saved prefix states
+    warm = llama_engine  # has scored other prefixes in this session, one thread
+    for prefix in (long_prefix, "Decide if the review is positive or negative. " * 12 + "\n\n", PREFIX):
+        warm.score_choices_batch(prefix, SUFFIXES[::-1], CHOICES)
+    expected = {p: warm.score_choices_batch(p, SUFFIXES, CHOICES) for p in (PREFIX, long_prefix)}
+    fresh = LlamaCppEngine(n_ctx=512, n_threads=2)
+    try:
+        for prefix in (long_prefix, PREFIX):  # another order, nothing saved yet
+            np.testing.assert_array_equal(fresh.score_choices_batch(prefix, SUFFIXES, CHOICES), expected[prefix])
+    finally:
+        fresh.close()

@@ -18,14 +18,9 @@ from dp_textgrad.engines.base import EngineError
 from dp_textgrad.engines.openai_engine import OpenAIEngine, OpenAIEngineError, Price
 from dp_textgrad.engines.ratelimit import TokenBucket
 
-try:
-    from tests.conftest_openai import LLAMA_MODEL_ALIAS, gemma_gguf_path  # noqa: F401
-    from tests.servers import (FaultServer, fake_logprob, free_port, fake_tokens, malformed_json, missing_fields,
-                               rate_limited, server_error, slow)
-except ImportError:  # tests/ itself is on sys.path
-    from conftest_openai import LLAMA_MODEL_ALIAS, gemma_gguf_path  # type: ignore # noqa: F401,E501
-    from servers import (FaultServer, fake_logprob, fake_tokens, free_port, malformed_json,  # type: ignore
-                         missing_fields, rate_limited, server_error, slow)
+from tests.conftest_openai import LLAMA_MODEL_ALIAS, gemma_gguf_path  # noqa: F401
+from tests.servers import (FaultServer, fake_logprob, free_port, fake_tokens, malformed_json, missing_fields,
+                           rate_limited, server_error, slow)
 
 SECRET = "patient 4471 was diagnosed with a rare condition"  # stands in for a private record
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import typing
 
 import pytest
 
 from dp_textgrad.engines.registry import ENGINES, build_engine
 from dp_textgrad.settings import EngineSection
+from tests.subprocess_driver import run_driver
 
 
 def test_the_settings_offer_exactly_the_registered_engines() -> None:
@@ -29,8 +28,8 @@ def test_rejected_options_name_the_field() -> None:
 
 
 def test_reading_the_registry_loads_no_engine_library() -> None:
-    code = ("import sys, dp_textgrad.engines.registry\n"
-            "print([m for m in ('llama_cpp', 'torch', 'transformers', 'dp_textgrad.engines.openai_engine',\n"
+    imports = "import sys, dp_textgrad.engines.registry"
+    code = ("print([m for m in ('llama_cpp', 'torch', 'transformers', 'dp_textgrad.engines.openai_engine',\n"
             "                   'dp_textgrad.engines.transformers_engine') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = run_driver(imports, code).stdout.strip()
     assert out == "[]"

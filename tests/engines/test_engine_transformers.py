@@ -27,7 +27,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from dp_textgrad._textgrad import import_textgrad  # noqa: E402
 from dp_textgrad.engines.base import Engine  # noqa: E402
 from dp_textgrad.engines.transformers_engine import INSTALL_HINT, TransformersEngine  # noqa: E402
-from tiny_hf import make_model  # noqa: E402  (one tiny random model for every HF test)
+from tests.tiny_hf import make_model  # noqa: E402  (one tiny random model for every HF test)
 
 SENTENCES = [
     "the movie was great and fun",

@@ -22,7 +22,7 @@ from dp_textgrad.federated.config import load_federated_settings
 from dp_textgrad.federated.run import run_federated
 from dp_textgrad.privacy.data import PrivateDataError, PrivateScoringError
 from dp_textgrad.tasks.synthetic import make_support_task
-import helpers
+from tests import helpers
 
 tg = import_textgrad()
 RESPONSES = helpers.SUPPORT_RESPONSES
@@ -112,8 +112,10 @@ def test_the_coordinator_holds_no_records() -> None:
 def test_shrinkage_options_run_and_central_refuses_them(task) -> None:
     for options in ({"shrinkage": "coordinator"}, {"control_variate": True}, {"shrinkage": "coordinator",
                                                                               "control_variate": True}):
-        _, result, _ = run_with(task, silos_of(task, "distributed"), "distributed", **options)
+        _, result, _ = run_with(task, silos_of(task, "local"), "local", **options)
         assert result.generations_run == 2
+        with pytest.raises(ValueError, match="placement 'distributed'"):  # test_silo_guarantees.py: why
+            FederatedScoring(InProcessSilos([]), [10, 10], "distributed", **options)
     _, result, _ = run_with(task, silos_of(task, "local", shrink=True), "local", shrinkage="silo")
     assert result.generations_run == 2
     with pytest.raises(ValueError, match="central"):
@@ -143,7 +145,9 @@ def test_run_federated_in_process_writes_the_guarantees(task, tmp_path) -> None:
     })
     outcome = run_federated(settings, engine_factory=make_engine, task=task)
     written = json.loads((outcome.run_dir / "federation.json").read_text())
-    assert written["placement"] == "distributed" and sum(written["silo_sizes"]) == 300
+    # N is not declared: each silo released a DP count, and N (q, delta) comes from their sum.
+    assert written["placement"] == "distributed" and written["size_source"] == "dp_count"
+    assert json.loads((outcome.run_dir / "config.json").read_text())["dataset_size"] == sum(written["silo_sizes"])
     together, alone = written["guarantees"]
     assert together["epsilon"] <= 2.0 + 1e-6 < alone["epsilon"]
     assert "seconds" not in written  # operator-only
@@ -154,7 +158,7 @@ def flower_settings(tmp_path, generations: int, placement: str = "local", secure
     """Settings of a Flower simulation with local noise; Ray workers get this module's engines by value."""
     pytest.importorskip("flwr", reason="needs the [federated] extra: pip install 'dp-textgrad[federated]'")
     ray = pytest.importorskip("ray")
-    import helpers
+    from tests import helpers
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.cloudpickle.register_pickle_by_value(helpers)
@@ -196,7 +200,8 @@ def test_a_silo_error_stays_at_the_silo_over_flower(task, tmp_path, capfd, place
     out, err = capfd.readouterr()
     assert "card was stolen" not in str(caught.value) + out + err
     ledger = next(tmp_path.glob("federated-*/ledger.jsonl")).read_text().splitlines()
-    assert len(ledger) == 2 and '"index"' in ledger[1]  # header + the one charge: kept, nothing released
+    # header, the silos' DP count of N (N is not declared) and the one search charge: kept, nothing released
+    assert len(ledger) == 3 and "LaplaceDpEvent" in ledger[1] and '"index": 1' in ledger[2]
     assert not list(tmp_path.glob("federated-*/result.json"))
 
 
@@ -208,7 +213,9 @@ def test_a_kept_account_directory_caps_each_silos_lifetime(task, tmp_path) -> No
         return load_federated_settings(None, {
             "federation": {"placement": "local", "transport": "in_process", "silo_max_epsilon": 2.1,
                            "silo_accounts": str(tmp_path / accounts)},
-            "dp": {"epsilon": 2.0, "generations": 2, "population": 3, "sampling_rate": 0.3, "delta": 1e-5},
+            # N declared: no count, so each silo's account holds the search steps only.
+            "dp": {"epsilon": 2.0, "generations": 2, "population": 3, "sampling_rate": 0.3, "delta": 1e-5,
+                   "dataset_size": 300},
             "output": {"runs_root": root, "evaluate": False},
         })
 

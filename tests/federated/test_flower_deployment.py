@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from dp_textgrad import cli
 
-TESTS = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
@@ -83,7 +83,7 @@ def test_a_deployment_runs_over_a_superlink_and_one_supernode_per_silo(tmp_path,
     # The generated module with the tests-only engine on both sides (it runs in Flower's processes).
     module.write_text(module.read_text(encoding="utf-8").replace(
         "from dp_textgrad.federated.deploy import client_app, server_app",
-        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom helpers import support_engine\n"
+        f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\nfrom tests.helpers import support_engine\n"
         "from dp_textgrad.federated.deploy import client_app, server_app").replace(
         '"federation.yaml")', '"federation.yaml", engine_factory=support_engine)').replace(
         "client_app()", "client_app(engine_factory=support_engine)"), encoding="utf-8")

@@ -81,8 +81,10 @@ def test_scaling_keeps_the_event_structure() -> None:
     scaled = scale_gaussian_noise(event, 0.5)
     assert scaled == dpe.ComposedDpEvent([dpe.SelfComposedDpEvent(
         dpe.PoissonSampledDpEvent(0.1, dpe.GaussianDpEvent(1.0)), 3), dpe.NoOpDpEvent()])
+    # A silo's DP count of its records carries its full noise at that silo: never scaled.
+    assert scale_gaussian_noise(dpe.LaplaceDpEvent(10.0), 0.5) == dpe.LaplaceDpEvent(10.0)
     with pytest.raises(ValueError, match="Gaussian events only"):
-        scale_gaussian_noise(dpe.LaplaceDpEvent(1.0), 0.5)
+        scale_gaussian_noise(dpe.RandomizedResponseDpEvent(0.5, 3), 0.5)
 
 
 @settings(max_examples=15, deadline=None)

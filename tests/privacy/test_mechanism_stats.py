@@ -20,7 +20,7 @@ from dp_accounting import pld
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.privacy.mechanisms import GaussianScoreMechanism
 from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK, PermuteAndFlip
-from helpers import ZeroNoise, epsilon_lower_bound, outcome_counts
+from tests.helpers import ZeroNoise, epsilon_lower_bound, outcome_counts
 
 ALPHA = 0.05
 RUNS = 100_000

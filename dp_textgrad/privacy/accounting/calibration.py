@@ -55,7 +55,7 @@ _FINEST_SEARCH_GRID = 1e-6
 _PLD_FLOAT_LIMIT = 500.0
 # Refine with the ledger's PLD when the search left more than this share of epsilon unused.
 # Gaussian PLDs cost ~0.2 s per fresh point on the ledger's grid, which itself resolves epsilon
-# to 0.2%: refine those to 0.1%. Pure-DP PLDs have two points and cost nothing: refine far.
+# to 0.2%: refine those to 0.1%. Pure-DP PLDs have a few points and cost little: refine far.
 _REFINE_SLACK_GAUSSIAN = 1e-3
 _REFINE_SLACK_PURE = 1e-5
 _REFINE_STEPS = 6

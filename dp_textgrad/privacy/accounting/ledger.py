@@ -30,6 +30,7 @@ from dp_textgrad.privacy.accounting.events import (
     _group_events,
     _validate_event,
 )
+from dp_textgrad.privacy.accounting.stages import CompletedStages
 from dp_textgrad.privacy.accounting.serialize import (
     _decode_float,
     _encode_float,
@@ -98,10 +99,10 @@ class LedgerEntry:
 
 
 _LEDGER_FORMAT = "dp-textgrad-ledger"
-_LEDGER_VERSION = 1
+_LEDGER_VERSION = 2  # 2: completed stages in the header; version 1 files (one stage) are still read
 
 
-class PrivacyLedger:
+class PrivacyLedger(CompletedStages):
     """The privacy budget of one run: charge-before-read, every bound reported, smallest used."""
 
     def __init__(
@@ -138,6 +139,9 @@ class PrivacyLedger:
         self._charge_hooks: list[Callable[[LedgerEntry], None]] = []
         # The dataset's lifetime cap as this run saw it, and whether the user overrode it (public choices).
         self.lifetime: dict[str, Any] | None = None
+        self._completed_stages: list[dict[str, Any]] = []  # pure-DP stages closed before (see stages.py)
+        self._replay_next: int | None = None  # entries from here on: an interrupted attempt's (expect_replay)
+        self.replayed = 0  # entries adopted by this process (not charged again)
 
     def add_charge_hook(self, hook: Callable[[LedgerEntry], None]) -> None:
         """Call ``hook(entry)`` at every charge, after the budget check and before the entry is
@@ -189,8 +193,9 @@ class PrivacyLedger:
         return dict(self._cache_value)
 
     def epsilons(self) -> dict[str, float]:
-        """Every accountant's bound for the recorded events at the ledger's delta."""
-        return self._bounds(self.events)
+        """Every accountant's bound for the recorded events at the ledger's delta (the completed
+        stages' pure epsilon plus the current stage's bound)."""
+        return self._with_completed(self._bounds(self._stage_events()))
 
     def mechanism_epsilon(self) -> float:
         """Smallest bound of the recorded mechanisms alone (ignores :meth:`mark_unsafe`)."""
@@ -215,7 +220,7 @@ class PrivacyLedger:
     def bounds_with(self, event: dpe.DpEvent) -> dict[str, float]:
         """Every bound if ``event`` were spent now (nothing is recorded)."""
         self._check_event(event)
-        return self._bounds(self.events + [event])
+        return self._with_completed(self._bounds(self._stage_events() + [event]))
 
     def can_afford(self, event: dpe.DpEvent) -> bool:
         """Whether spending ``event`` keeps the smallest bound within the budget."""
@@ -254,10 +259,25 @@ class PrivacyLedger:
         )
         for hook in self._charge_hooks:
             hook(entry)
+        self._replay_next = None  # a new charge: the interrupted attempt's later entries no longer line up
         self._entries.append(entry)
         if self.persist_path is not None:
             self.to_jsonl(self.persist_path)
         return entry
+
+    def expect_replay(self, start: int) -> None:
+        """Entries from ``start`` on are an interrupted attempt's: adoptable in order (dp_es/replay.py)."""
+        self._replay_next = int(start)
+
+    pending_replays = property(lambda self: 0 if self._replay_next is None else max(  # 0 after a new charge
+        0, len(self._entries) - self._replay_next), doc="entries of the interrupted attempt not adopted (yet)")
+
+    def adopt_next(self) -> LedgerEntry:
+        """Take the interrupted attempt's next entry as the charge being made (spent and recorded already)."""
+        if not self.pending_replays:
+            raise ValueError("adopt_next: no entry of an interrupted attempt is pending")
+        self._replay_next, self.replayed = self._replay_next + 1, self.replayed + 1
+        return self._entries[self._replay_next - 1]
 
     def recover(self, recorded: Sequence[Mapping[str, Any]]) -> int:
         """Adopt charges recorded elsewhere (the lifetime store) that this ledger lost in a crash.
@@ -308,6 +328,7 @@ class PrivacyLedger:
             "differentially_private": not self.unsafe,
             "noise": self.noise,
             "lifetime": self.lifetime,
+            "completed_stages": list(self._completed_stages),
         }
 
     def declare_noise(self, sampler: str) -> None:
@@ -352,7 +373,7 @@ class PrivacyLedger:
         if not records or records[0].get("format") != _LEDGER_FORMAT:
             raise ValueError(f"path: {os.fspath(path)!r} is not a dp-textgrad ledger file")
         header = records[0]
-        if header.get("version") != _LEDGER_VERSION:
+        if header.get("version") not in (1, _LEDGER_VERSION):
             raise ValueError(f"version: unsupported ledger version {header.get('version')!r}")
         ledger = cls(
             header["epsilon_budget"],
@@ -362,6 +383,8 @@ class PrivacyLedger:
         ledger._unsafe_reasons = list(header.get("unsafe_reasons", []))
         ledger.noise = header.get("noise")
         ledger.lifetime = header.get("lifetime")
+        ledger._completed_stages = [{"end": int(s["end"]), "epsilon": float(s["epsilon"])}
+                                    for s in header.get("completed_stages") or []]
         for i, record in enumerate(records[1:]):
             entry = LedgerEntry.from_dict(record)
             if entry.index != i:

@@ -3,15 +3,22 @@
 A run's ledger bounds one run. Rerunning on the same data spends again, and a run that
 crashed before its run directory was usable still read data. The store (an odometer in
 the sense of OpenDP's odometers and Tumult's sessions) keeps every charge keyed by the
-dataset, written in one transaction BEFORE the mechanism reads data; the dataset's
-lifetime epsilon is the composition of all of them under the same accountants as a run
-(PLD, RDP, ...: the smallest valid bound), never a sum.
+dataset, written in one transaction BEFORE the mechanism reads data.
 
-The dataset key is a keyed hash (HMAC-SHA256 with a random key kept in the store) of
-the records' content, independent of their order. It is a function of private data, so
-it stays in the store, which is operator-only like ``operator/``: it never appears in a
-released file. The keyed hash means a leaked store does not let anyone test a guessed
-dataset against it without the key, which lives in the same file: keep the file private.
+Each dataset has ONE lifetime delta (declared, or fixed by the first run registered on
+it), and every total is stated at it. The cap is a privacy filter over adaptively chosen
+runs: a charge is recorded only if the Renyi filter bound of all the dataset's events,
+:func:`filter_epsilon`, stays within the cap at the lifetime delta (Feldman and Zrnic
+2021 for one order; the several-order rule and its proof are in docs/privacy.md). The
+tightest composed epsilon (PLD, RDP, ...: the smallest valid bound) is also kept, as
+information: it is valid for runs fixed in advance, not as a stopping rule.
+
+The dataset key is either a keyed hash (HMAC-SHA256 with a random key kept in the
+store) of the records' content, independent of their order, or a name the data's owner
+declares (``output.dataset_key``) so that the versions of a dataset (more records, a
+subset, a re-split) share one lifetime. The hash is a function of private data, so it
+stays in the store, which is operator-only like ``operator/``: it never appears in a
+released file. A declared name is public (the owner chose it).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any, Iterator
 
 from dp_textgrad.privacy.accounting.accountants import Accountant
 from dp_textgrad.privacy.accounting.bounds import _all_bounds, default_accountants
+from dp_textgrad.privacy.accounting.filter import FILTER_ORDERS, filter_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.accounting.serialize import event_from_dict
 
@@ -57,8 +65,16 @@ CREATE TABLE IF NOT EXISTS charges (
     PRIMARY KEY (run_id, idx)
 );
 CREATE INDEX IF NOT EXISTS charges_by_dataset ON charges(dataset);
+CREATE TABLE IF NOT EXISTS datasets (
+    dataset TEXT PRIMARY KEY,
+    delta REAL NOT NULL,
+    declared INTEGER NOT NULL
+);
 """
-
+# A declared dataset key is stored as this prefix plus the owner's name; a fingerprint is
+# 64 hex digits, so the two never collide.
+_DECLARED = "declared:"
+_MAX_KEY_LENGTH = 200
 
 class LifetimeCapExceeded(BudgetExceeded):
     """A run or a charge would push the dataset's lifetime epsilon past its cap; nothing was recorded.
@@ -67,12 +83,14 @@ class LifetimeCapExceeded(BudgetExceeded):
     the room), the run stops early like one whose own budget ran out.
     """
 
-    def __init__(self, epsilon: float, cap: float, delta: float, what: str, label: str | None = None) -> None:
+    def __init__(self, epsilon: float, cap: float, delta: float, what: str, label: str | None = None,
+                 charged: str = "nothing was charged") -> None:
         RuntimeError.__init__(
             self,
-            f"lifetime budget: {what} would raise this dataset's lifetime epsilon to {epsilon:.4g} (delta={delta:g}) "
-            f"over its cap {cap:g}; nothing was charged. Raise output.lifetime_cap (--lifetime-cap), or pass "
-            "--override-lifetime-cap to run anyway (the ledger records the override)",
+            f"lifetime budget: {what} would raise this dataset's lifetime epsilon (Renyi filter bound) to "
+            f"{epsilon:.4g} at its lifetime delta {delta:g}, over its cap {cap:g}; {charged}. Raise "
+            "output.lifetime_cap (--lifetime-cap), or pass --override-lifetime-cap to run anyway (the ledger "
+            "records the override)",
         )
         self.label = label if label is not None else what
         self.epsilon, self.budget, self.cap, self.delta = epsilon, cap, cap, delta
@@ -95,7 +113,11 @@ class LifetimeRun:
 
 @dataclass(frozen=True)
 class LifetimeTotal:
-    """The composed epsilon of every charge recorded for a dataset, under every accountant."""
+    """The composed epsilon of every charge recorded for a dataset, under every accountant.
+
+    ``epsilon`` is the tightest (smallest valid) bound, shown as information;
+    ``filter_epsilon`` is the Renyi filter bound the cap is checked against.
+    """
 
     epsilon: float
     delta: float
@@ -104,6 +126,7 @@ class LifetimeTotal:
     runs: int
     charges: int
     unsafe_runs: int
+    filter_epsilon: float = 0.0
 
 
 class LifetimeBudget:
@@ -175,50 +198,119 @@ class LifetimeBudget:
         """The store's key for a :class:`~dp_textgrad.privacy.data.PrivateDataset` (keyed, operator-only)."""
         return dataset.fingerprint(self._key)
 
+    @staticmethod
+    def declared_key(name: str) -> str:
+        """The store's key for a dataset its owner names (``output.dataset_key``): shared by its versions."""
+        cleaned = name.strip() if isinstance(name, str) else ""
+        if not cleaned or len(cleaned) > _MAX_KEY_LENGTH or not cleaned.isprintable():
+            raise ValueError(f"dataset_key: must be a non-empty printable name of at most {_MAX_KEY_LENGTH} "
+                             f"characters, got {name!r}; name the dataset, e.g. --dataset-key support-tickets")
+        return _DECLARED + cleaned
+
+    @staticmethod
+    def declared_name(dataset: str) -> str | None:
+        """The owner's name of a declared key (public); None for a fingerprint (operator-only)."""
+        return dataset[len(_DECLARED):] if dataset.startswith(_DECLARED) else None
+
+    def find_declared(self, name: str) -> str | None:
+        """The key of a declared dataset this store has runs for, or None."""
+        try:
+            key = self.declared_key(name)
+        except ValueError:
+            return None
+        with self._read() as db:
+            found = db.execute("SELECT 1 FROM runs WHERE dataset = ? LIMIT 1", (key,)).fetchone()
+        return key if found else None
+
+    # -- the lifetime delta
+    def lifetime_delta(self, dataset: str) -> float | None:
+        """The one delta every total and the cap of ``dataset`` are stated at; None before its first run."""
+        with self._read() as db:
+            row = db.execute("SELECT delta FROM datasets WHERE dataset = ?", (dataset,)).fetchone()
+            if row is None:  # a store from before lifetime deltas: its smallest run delta (the strictest)
+                row = db.execute("SELECT MIN(delta) FROM runs WHERE dataset = ?", (dataset,)).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    @staticmethod
+    def _fix_delta(db: sqlite3.Connection, dataset: str, run_delta: float, declared: float | None) -> float:
+        """Read, or fix on first use, ``dataset``'s lifetime delta (inside the caller's write transaction)."""
+        row = db.execute("SELECT delta, declared FROM datasets WHERE dataset = ?", (dataset,)).fetchone()
+        if row is not None:
+            fixed, was_declared = float(row[0]), bool(row[1])
+            if declared is not None and declared != fixed:
+                how = "declared" if was_declared else "fixed by its first run"
+                raise ValueError(f"lifetime_delta: this dataset's lifetime delta is {fixed:g} ({how}); it cannot "
+                                 f"change to {declared:g} (its cap is a filter set before the first run). Drop "
+                                 f"output.lifetime_delta (--lifetime-delta) or set it to {fixed:g}")
+            return fixed
+        legacy = db.execute("SELECT MIN(delta) FROM runs WHERE dataset = ?", (dataset,)).fetchone()[0]
+        if declared is not None:
+            fixed = float(declared)
+        else:
+            fixed = float(run_delta) if legacy is None else min(float(legacy), float(run_delta))
+        db.execute("INSERT INTO datasets VALUES (?, ?, ?)", (dataset, fixed, int(declared is not None)))
+        return fixed
+
     # -- runs and charges
     def open_run(self, run_id: str, dataset: str, *, label: str, epsilon_budget: float, delta: float,
-                 cap: float | None = None, cap_overridden: bool = False) -> None:
-        """Register a run (idempotent: a resumed run keeps its row and its charges)."""
+                 cap: float | None = None, cap_overridden: bool = False,
+                 lifetime_delta: float | None = None) -> float:
+        """Register a run (idempotent: a resumed run keeps its row and its charges); its lifetime delta.
+
+        The dataset's lifetime delta is ``lifetime_delta`` if declared, else fixed by its first
+        run. Under a cap (not overridden) a run whose own ``delta`` is larger is refused: the
+        owner's policy (cap, lifetime delta) bounds every release's failure probability.
+        """
+        if lifetime_delta is not None and not 0.0 < lifetime_delta < 1.0:
+            raise ValueError(f"lifetime_delta: must be in (0, 1), got {lifetime_delta!r}")
         with self._write() as db:
+            fixed = self._fix_delta(db, dataset, delta, lifetime_delta)
+            if cap is not None and not cap_overridden and delta > fixed:
+                raise ValueError(
+                    f"dp.delta: this run's delta {delta:g} is larger than its dataset's lifetime delta {fixed:g} "
+                    f"(output.lifetime_delta), and under a lifetime cap every run on the dataset is held to it; "
+                    f"run with --delta {fixed:g} or smaller (dp.delta)")
             row = db.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is not None:
                 if row[0] != dataset:
                     raise ValueError(f"lifetime_store: run {run_id} was started on other data; resume it with the "
-                                     "same private records")
+                                     "same private records (and the same output.dataset_key)")
                 db.execute("UPDATE runs SET cap = ?, cap_overridden = MAX(cap_overridden, ?) WHERE run_id = ?",
                            (cap, int(cap_overridden), run_id))
-                return
+                return fixed
             db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
                        (run_id, dataset, label, time.time(), float(epsilon_budget), float(delta), cap,
                         int(cap_overridden)))
+        return fixed
 
     def mark_unsafe(self, run_id: str) -> None:
         with self._write() as db:
             db.execute("UPDATE runs SET unsafe = 1 WHERE run_id = ?", (run_id,))
 
-    def record(self, run_id: str, entry: Mapping[str, Any], *, cap: float | None, delta: float,
-               accountants: Sequence[Accountant] | None = None) -> None:
+    def record(self, run_id: str, entry: Mapping[str, Any], *, cap: float | None) -> None:
         """Record one ledger entry (its ``to_dict()``) in one transaction, before data is read.
 
-        With a ``cap``, the dataset's lifetime epsilon with this entry must stay within it
-        (checked under the write lock, so concurrent runs cannot both slip under it);
-        otherwise :class:`LifetimeCapExceeded` and nothing is recorded. Recording the
-        same (run, index) again is a no-op (a replay after a crash).
+        With a ``cap``, the Renyi filter bound (:func:`filter_epsilon`) of all the dataset's
+        events with this entry, at the dataset's lifetime delta, must stay within it (checked
+        under the write lock, so concurrent runs cannot both slip under it); otherwise
+        :class:`LifetimeCapExceeded` and nothing is recorded. Recording the same (run, index)
+        again is a no-op (a replay after a crash).
         """
         index = int(entry["index"])
         with self._write() as db:
-            row = db.execute("SELECT dataset, cap_overridden FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            row = db.execute("SELECT dataset, cap_overridden, delta FROM runs WHERE run_id = ?",
+                             (run_id,)).fetchone()
             if row is None:
                 raise ValueError(f"lifetime_store: run {run_id} was not opened in {self.path}")
             dataset, overridden = row[0], bool(row[1])
             if db.execute("SELECT 1 FROM charges WHERE run_id = ? AND idx = ?", (run_id, index)).fetchone():
                 return
             if cap is not None and not overridden:
+                delta = self._fix_delta(db, dataset, float(row[2]), None)
                 events = [event_from_dict(json.loads(text)["event"]) for (text,) in
                           db.execute("SELECT entry FROM charges WHERE dataset = ?", (dataset,))]
                 events.append(event_from_dict(dict(entry["event"])))
-                bounds = _all_bounds(list(accountants or default_accountants()), events, delta)
-                spent = min(bounds.values())
+                spent = filter_epsilon(events, delta)
                 if spent > cap:
                     raise LifetimeCapExceeded(spent, cap, delta, f"charge {entry.get('label')!r}",
                                               label=str(entry.get("label")))
@@ -248,21 +340,31 @@ class LifetimeBudget:
         with self._read() as db:
             return [r[0] for r in db.execute("SELECT dataset FROM runs GROUP BY dataset ORDER BY MIN(started)")]
 
-    def total(self, dataset: str, delta: float, *, extra: Sequence[Any] = (),
-              accountants: Sequence[Accountant] | None = None) -> LifetimeTotal:
-        """Compose every recorded charge of ``dataset`` (plus ``extra`` planned events) at ``delta``."""
+    def total(self, dataset: str, delta: float | None = None, *, extra: Sequence[Any] = (),
+              accountants: Sequence[Accountant] | None = None, exclude_run: str | None = None) -> LifetimeTotal:
+        """Compose every recorded charge of ``dataset`` (plus ``extra`` planned events).
+
+        At ``delta``, by default the dataset's lifetime delta (1e-5 for a dataset with no run).
+        ``exclude_run``: leave that run and its charges out (what came before it).
+        """
+        if delta is None:
+            delta = self.lifetime_delta(dataset) or 1e-5
         with self._read() as db:
             events = [event_from_dict(json.loads(text)["event"]) for (text,) in
-                      db.execute("SELECT entry FROM charges WHERE dataset = ? ORDER BY recorded", (dataset,))]
-        runs = self.runs(dataset)
+                      db.execute("SELECT entry FROM charges WHERE dataset = ? AND run_id IS NOT ? ORDER BY recorded",
+                                 (dataset, exclude_run))]
+        runs = [r for r in self.runs(dataset) if r.run_id != exclude_run]
         unsafe = sum(r.unsafe for r in runs)
         events += list(extra)
         if not events:
-            return LifetimeTotal(math.inf if unsafe else 0.0, delta, {}, "none (no charges)", len(runs), 0, unsafe)
+            nothing = math.inf if unsafe else 0.0
+            return LifetimeTotal(nothing, delta, {}, "none (no charges)", len(runs), 0, unsafe, nothing)
         bounds = _all_bounds(list(accountants or default_accountants()), events, delta)
         name = min(bounds, key=bounds.__getitem__)
         epsilon = math.inf if unsafe else bounds[name]
-        return LifetimeTotal(epsilon, delta, bounds, name, len(runs), len(events) - len(extra), unsafe)
+        filtered = math.inf if unsafe else filter_epsilon(events, delta)
+        return LifetimeTotal(epsilon, delta, bounds, name, len(runs), len(events) - len(extra), unsafe, filtered)
 
 
-__all__ = ["LifetimeBudget", "LifetimeCapExceeded", "LifetimeRun", "LifetimeTotal", "STORE_NAME"]
+__all__ = ["FILTER_ORDERS", "LifetimeBudget", "LifetimeCapExceeded", "LifetimeRun", "LifetimeTotal",
+           "STORE_NAME", "filter_epsilon"]
