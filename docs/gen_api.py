@@ -20,6 +20,7 @@ from typing import Any
 # without one, the public classes and functions it defines itself.
 MODULES = (
     "dp_textgrad",
+    "dp_textgrad.front",
     "dp_textgrad.dp_es.config",
     "dp_textgrad.dp_es.optimizer",
     "dp_textgrad.dp_es.plan",
@@ -142,7 +143,10 @@ def render() -> str:
             qualified = name
             if module_name == "dp_textgrad":
                 # The top-level names are re-exports: list where each is documented.
-                lines.append(f"- `{name}`: from `{getattr(value, '__module__', '?')}`")
+                if getattr(value, "__module__", None) == "dp_textgrad":  # defined there: its summary
+                    lines.append(f"- `{name}{_signature(value)}`: {_doc(value).splitlines()[0]}")
+                else:
+                    lines.append(f"- `{name}`: from `{getattr(value, '__module__', '?')}`")
                 continue
             if inspect.isclass(value):
                 _render_class(qualified, value, lines)

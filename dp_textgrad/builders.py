@@ -37,3 +37,21 @@ def make_engine(section: EngineSection):
 
     return build_engine(section.kind, model=section.model, base_url=section.base_url, mode=section.mode,
                         **section.options)
+
+
+def engine_follows_instructions(section: EngineSection) -> bool:
+    """Whether the engine a section names follows rewrite instructions, decided without loading it.
+
+    It decides ``llm_operators`` when the configuration leaves it open, and so the plan:
+    ``budget`` asks here what ``optimize`` will read from the built engine. The default
+    llama.cpp model (Gemma 3 270M) is a base model; a user's GGUF is taken as instruction-tuned
+    unless ``engine.options.instruction_following`` says otherwise (as ``LlamaCppEngine`` does).
+    The other kinds keep the engine base class's declaration, ``Engine.instruction_following``
+    (True; not imported here: the engines package takes most of a second to import, and
+    ``budget`` loads nothing it does not use; a test holds the two equal).
+    """
+    if section.kind == "llama_cpp":
+        declared = section.options.get("instruction_following")
+        return (section.model is not None) if declared is None else bool(declared)
+    return True
+

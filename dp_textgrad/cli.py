@@ -218,7 +218,7 @@ def optimize(
                                   + "; rebuild its report with `dp-textgrad report RUN_DIR` or start a new run")
             if not (directory / CLI_SETTINGS_NAME).is_file():
                 raise ConfigError(f"resume: no {CLI_SETTINGS_NAME} in {directory} (the run was not started "
-                                  "from the command line); resume it with workflow.run(..., resume=True)")
+                                  "from the command line); resume it with dp_textgrad.resume(RUN_DIR, task, engine)")
             saved = runs.read_json(directory / CLI_SETTINGS_NAME)
             saved["dp"] = runs.RunDir(directory).saved_config()
             settings = build_settings(saved, {"engine": engine_flags, "output": lifetime_flags,
@@ -226,6 +226,8 @@ def optimize(
             holder["dir"] = directory
         else:
             raw = read_config_file(config) if config is not None else {}
+            if raw.get("task", {}) is None:  # "task:" with nothing under it: no task section
+                del raw["task"]
             flags = {
                 "dp": dict(epsilon=epsilon, delta=delta, generations=generations, population=population,
                            parents=parents, sampling_rate=sampling_rate, selection=selection, seed=seed),
@@ -236,6 +238,8 @@ def optimize(
                 "distributed": scale_flags,
             }
             settings = build_settings(raw, flags, source=config)
+            if config is not None and not raw.get("task") and task is None and train is None and test is None:
+                raise ConfigError(_no_task_message(config))
             directory = None
         the_task = build_task(settings.task)
         the_engine = make_engine(settings.engine)
@@ -269,8 +273,15 @@ def budget(
                                                                   "epsilon"),
     llm_operators: Optional[bool] = typer.Option(
         None, "--llm-operators/--no-llm-operators",
-        help="whether LLM operators read the DP feedback (default: assume they do; the built-in base model "
-             "does not, and its runs charge no feedback)"),
+        help="whether LLM operators read the DP feedback (default: as optimize decides it for the engine: off "
+             "for the built-in base model, whose runs charge no feedback; on for openai, transformers or your "
+             "own GGUF)"),
+    engine: Optional[str] = typer.Option(None, help="the engine the run will use: llama_cpp (default) | openai | "
+                                                   "transformers (engine.kind); decides --llm-operators"),
+    model: Optional[str] = typer.Option(None, help="engine.model, as given to optimize (a GGUF of your own is "
+                                                  "taken as instruction-tuned)"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="a run file: the plan is for its engine "
+                                                                       "section (and its dp.llm_operators)"),
     dataset_size: Optional[int] = typer.Option(
         None, help="the public N you declare; without it the run spends --size-epsilon-share of epsilon on a DP "
                    "count of N first, and this plan includes it"),
@@ -281,9 +292,15 @@ def budget(
         from dp_textgrad.privacy.accounting import default_accountants
         from dp_textgrad.dp_es.plan import RunPlan
 
+        if epsilon is None and noise_multiplier is None and selection_epsilon is None:
+            raise ValueError("budget: give --epsilon EPS for the noise that budget buys (e.g. dp-textgrad budget "
+                             "--epsilon 4), or --noise-multiplier Z (--selection-epsilon E0 for exponential and "
+                             "permute_and_flip) for the epsilon that noise costs")
         if (epsilon is None) == (noise_multiplier is None and selection_epsilon is None):
             raise ValueError("give either --epsilon (to calibrate) or --noise-multiplier/--selection-epsilon "
                              "(to account), not both")
+        if llm_operators is None:  # as optimize decides it: from the engine the run will use
+            llm_operators = _planned_llm_operators(config, engine, model)
         for name, value in (("noise_multiplier", noise_multiplier), ("selection_epsilon", selection_epsilon)):
             if value is not None and (not math.isfinite(value) or value <= 0):
                 raise ValueError(f"{name}: must be a finite number > 0, got {value}")
@@ -326,6 +343,26 @@ def budget(
         raise
     except _bad_input_types() as exc:
         _fail(exc, EXIT_BAD_INPUT)
+
+
+def _no_task_message(config: Path) -> str:
+    # A run file says what to run: an empty or task-less one is refused before anything is charged,
+    # not quietly given the built-in task (which stays the default without --config, as documented).
+    return (f"task: {config.name} has no task section, so there is nothing to run; add task.name (a built-in "
+            "task: support, sst2, banking77) or task.train and task.test (your files), or pass --task or "
+            "--train/--test; to try the built-in task on the local model, run `dp-textgrad demo`")
+
+
+def _planned_llm_operators(config: Optional[Path], engine: Optional[str], model: Optional[str]) -> bool:
+    """``llm_operators`` of a run with this engine, decided from its section without loading the model."""
+    from dp_textgrad.builders import engine_follows_instructions
+
+    raw = read_config_file(config) if config is not None else {}
+    raw.pop("task", None)  # the plan reads no data: a run file's task section does not matter here
+    settings = build_settings(raw, {"engine": dict(kind=engine, model=model)}, source=config)
+    if settings.dp.llm_operators is not None:
+        return settings.dp.llm_operators
+    return engine_follows_instructions(settings.engine)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,13 +32,16 @@ def ledger(
     """The lifetime budget of a dataset: its runs and the composed epsilon of all their charges."""
 
     try:
-        from dp_textgrad.lifetime import LifetimeOptions, describe_dataset
-        from dp_textgrad.privacy.accounting.lifetime import LifetimeBudget
+        from dp_textgrad.lifetime import describe_dataset
+        from dp_textgrad.privacy.accounting.lifetime import STORE_NAME, LifetimeBudget
+        from dp_textgrad.runs import OPERATOR_DIR
 
-        path = LifetimeOptions(store=store).store_path(runs_root)
+        # Where the store would be, worked out without LifetimeOptions.store_path: that makes the
+        # operator folder, and looking must create nothing.
+        path = store if store is not None else runs_root / OPERATOR_DIR / STORE_NAME
         if not path.is_file():
-            raise FileNotFoundError(f"store: no lifetime store at {path}; runs under --runs-root create it "
-                                    "(or pass --store)")
+            raise FileNotFoundError(f"store: no lifetime store yet at {path}; the first run under --runs-root "
+                                    f"{runs_root} creates it there (or pass --store FILE)")
         the_store = LifetimeBudget(path)
         if all_datasets:
             if config is not None or task is not None or train is not None or dataset_key is not None:

@@ -50,7 +50,7 @@ class GracefulStop:
 JSON_HELP = "print one release-safe JSON object per event on stdout (start, lifetime, generation, finished)"
 QUIET_HELP = "print only the run directory at the end (errors still go to stderr)"
 MLFLOW_HELP = ("log the run to MLflow at this tracking URI, e.g. file:./mlruns; 'default' uses MLFLOW_TRACKING_URI "
-               "(release-safe fields only; needs dp-textgrad[mlflow])")
+               "(release-safe fields only; needs pip install 'dp-textgrad\\[mlflow]')")  # \\[: not rich markup
 
 
 class Output:

@@ -1,6 +1,8 @@
 """One optimization run end to end: calibrate, optimize, evaluate, save, report.
 
-The CLI's ``demo`` and ``optimize`` commands are thin wrappers around :func:`run`.
+The CLI's ``demo`` and ``optimize`` commands are thin wrappers around :func:`run`; from
+Python, call :func:`dp_textgrad.optimize` / :func:`dp_textgrad.resume` (``dp_textgrad/front.py``),
+which validate the settings and take this road.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ def paired_evaluation(task: ClassificationTask, engine: Any, seed_prompt: str, r
 
 @dataclass
 class RunOutcome:
+    """A finished run, as :func:`dp_textgrad.optimize` and :func:`run` return it.
+
+    Released: ``run_dir``, ``result`` (the prompt, epsilon and delta spent, the per-generation
+    history) and ``evaluation`` (the public test split; not covered by DP). OPERATOR-ONLY:
+    ``seconds`` (the wall time times the private phase) and ``optimizer`` (it holds the records).
+    """
+
     run_dir: Path
     result: RunResult
     evaluation: Evaluation | None

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import dp_textgrad as dpt
 from dp_textgrad import DPEvolutionStrategy
-from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.synthetic import make_support_task
 
@@ -38,7 +38,7 @@ def cue_rule(context: str, choices: Sequence[str]) -> list[float]:
 
 
 def main() -> None:
-    tg = import_textgrad()
+    tg = dpt.textgrad()  # TextGrad without its import-time log file
     task = make_support_task(seed=0, n_private=600, n_test=200)
     engine = ScriptedEngine(
         responses=["Classify the support message into one of the categories: bill, tech, cancel, fraud or "

@@ -83,7 +83,9 @@ def printed_epsilons(output: str) -> dict[str, float]:
 
 
 def test_budget_calibrates_the_noise_of_the_run(finished_run) -> None:
-    result = runner.invoke(cli.app, ["budget", "--epsilon", "4", "--delta", "1e-5", *SCHEDULE_FLAGS])
+    # The scripted engine of that run follows instructions: its LLM operators read the feedback.
+    result = runner.invoke(cli.app, ["budget", "--epsilon", "4", "--delta", "1e-5", "--llm-operators",
+                                     *SCHEDULE_FLAGS])
     assert result.exit_code == 0, result.output
     z = float(re.search(r"noise multiplier z = ([0-9.]+)", result.output).group(1))
     # The run built by workflow.run calibrated the same schedule through RunPlan.calibrated.
@@ -100,7 +102,9 @@ def test_budget_accounts_a_given_noise_under_every_accountant() -> None:
     result = runner.invoke(cli.app, ["budget", "--noise-multiplier", "1.5", "--delta", "1e-5", "--dataset-size", "1000",
                                      *SCHEDULE_FLAGS])
     assert result.exit_code == 0, result.output
-    config = DPESConfig(**SCHEDULE, delta=1e-5, dataset_size=1000)  # declared N: no count to plan
+    # Declared N: no count to plan. The default engine (the built-in base model) has no LLM
+    # operators, so no feedback is read or charged.
+    config = DPESConfig(**SCHEDULE, delta=1e-5, dataset_size=1000, llm_operators=False)
     event = RunPlan.with_value(config, 1.5).event
     expected = {a.name: a.epsilon([event], 1e-5) for a in default_accountants()}
     printed = printed_epsilons(result.output)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -32,6 +33,23 @@ def format_validation_error(error: ValidationError) -> str:
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+def config_with(config: DPESConfig | None, settings: Mapping[str, Any]) -> DPESConfig:
+    """``config`` (None: the defaults) with ``settings`` (DPESConfig fields) over it, validated together.
+
+    Raises :class:`ConfigError` naming each bad or unknown field. The one way the Python
+    entries (``DPEvolutionStrategy``, ``dp_textgrad.optimize``) merge a config and keywords.
+    """
+    if config is not None and not isinstance(config, DPESConfig):
+        raise ConfigError(f"config: expected a DPESConfig or None, got {type(config).__name__}; give the settings "
+                          "as keywords instead (epsilon=4.0, generations=6, ...)")
+    try:
+        if config is None:
+            return DPESConfig(**settings)
+        return DPESConfig(**{**config.model_dump(), **settings}) if settings else config.model_copy()
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
 
 
 class DPESConfig(BaseModel):

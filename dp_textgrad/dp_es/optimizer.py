@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es import size_count
-from dp_textgrad.dp_es.config import ConfigError, DPESConfig, format_validation_error
+from dp_textgrad.dp_es.config import ConfigError, DPESConfig, config_with
 from dp_textgrad.dp_es.generation import Generation, no_shrinkage
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
@@ -304,16 +303,20 @@ class EvolutionController(Optimizer):
 
 
 class DPEvolutionStrategy(EvolutionController):
-    """Differentially private evolution strategy over prompts (budget first).
+    """Differentially private evolution strategy over prompts (budget first): the TextGrad optimizer.
 
-    Example::
+    The ``step()`` path, for a TextGrad loop of your own (``tg = dp_textgrad.textgrad()``)::
 
         prompt = tg.Variable("Classify the message.", role_description="system prompt", requires_grad=True)
         opt = DPEvolutionStrategy([prompt], task=task, engine=engine, epsilon=4.0, delta=1e-5,
                                   generations=6, population=6, parents=2)
         for _ in range(opt.generations):
-            opt.step()
-        print(prompt.value, opt.privacy_spent())
+            opt.step()                 # one charged generation; prompt.value is its best candidate
+        result = opt.finalise()        # the release: runs the plan's charged final selection, if any
+
+    This path writes only ``checkpoint_dir`` (checkpoint, ledger, metrics), and nothing without
+    one: no ``result.json``, no report, no run-log line, no lifetime-store record, and no final
+    charged selection unless ``finalise()`` is called. ``dp_textgrad.optimize`` does all of it.
 
     The noise multiplier (Gaussian scores) or the per-pick epsilon (charged selections)
     is calibrated so that the whole planned schedule spends at most ``(epsilon, delta)``
@@ -336,12 +339,7 @@ class DPEvolutionStrategy(EvolutionController):
         scoring: ScoringFactory | None = None,
         **settings: Any,
     ) -> None:
-        try:
-            base = config.model_copy(update=settings) if config is not None else DPESConfig(**settings)
-            if config is not None and settings:
-                base = DPESConfig(**base.model_dump())  # re-validate the merged settings
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc)) from None
+        base = config_with(config, settings)
         if not isinstance(task, ClassificationTask):
             raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
         ledger, resolved, noise, counted = size_count.stage_one(base, task, engine, parameters, ledger, plan, checkpoint_dir)

@@ -1,4 +1,5 @@
-"""Checks on public inputs before the first charge: the engine answers, a record fits.
+"""Checks on public inputs before the first charge: the engine's server is there (engines
+with ``check_reachable``, one request without retries), the engine answers, a record fits.
 
 The probe is made only of public text (a run of the word "word" cut to the record-length
 cap), so any error it raises may be shown as it is.
@@ -29,8 +30,16 @@ def length_tools(engine: Any) -> tuple[Callable[[str], int], Callable[[str, int]
 
 
 def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> None:
-    """Raise :class:`PreflightError` unless a record of ``max_record_tokens`` tokens after
-    ``prompt`` fits the engine's context and the engine scores a public probe sanely."""
+    """Raise :class:`PreflightError` unless the engine's server can be reached, a record of
+    ``max_record_tokens`` tokens after ``prompt`` fits the engine's context and the engine
+    scores a public probe sanely."""
+    check_reachable = getattr(engine, "check_reachable", None)
+    if callable(check_reachable):  # a server that is not there fails now, not after minutes of retries
+        try:
+            check_reachable()
+        except Exception as exc:  # its text names the public URL only
+            raise PreflightError(f"preflight: the engine's server cannot be reached, before anything was charged: "
+                                 f"{' '.join(str(exc).split())}") from None
     count_tokens, truncate = length_tools(engine)
     cap = max_record_tokens
     probe = truncate(" ".join(["word"] * (2 * cap)), cap)

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 import openai
 
@@ -197,6 +198,30 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
 
     def close(self) -> None:
         self._client.close()
+
+    def check_reachable(self, connect_timeout: float = 10.0) -> None:
+        """Raise :class:`OpenAIEngineError` at once if nothing answers at ``base_url``.
+
+        One request (``GET /models``) without retries and with a short connect time-out: a
+        refused connection, an unknown host or a host that does not answer is a setting to
+        fix, not a transient failure to retry with back-off for minutes. Any HTTP answer,
+        an error status included, shows that a server is there (the scoring probe that
+        follows reports what it says). Called by the preflight, before any charge.
+        """
+        timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, connect_timeout))
+        try:
+            self._client.with_options(timeout=timeout, max_retries=0).models.list()
+        except openai.APIStatusError:
+            return
+        except openai.APIConnectionError as error:  # APITimeoutError included
+            where = self._server_label()
+            what = ("no answer within the connect time-out" if isinstance(error, openai.APITimeoutError)
+                    else "could not connect")
+            raise OpenAIEngineError(
+                f"engine.base_url = {where!r}: {what}; check that the server is running and listening at "
+                "that host and port, that the URL ends with the API prefix (usually /v1), and any proxy or "
+                "firewall between (base_url=... in Python, --base-url on the command line)",
+                attempts=1) from None
 
     # -- generation -----------------------------------------------------------------
     def generate(self, prompt: str, system_prompt: str | None = None, *,

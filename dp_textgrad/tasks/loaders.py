@@ -19,6 +19,7 @@ import numpy as np
 
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
+from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors
 
 FileFormat = Literal["csv", "tsv", "jsonl"]
 _EXTENSIONS: dict[str, FileFormat] = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
@@ -75,47 +76,12 @@ def _lines(numbers: Sequence[int]) -> str:
     return f"line(s) {shown}{more}"
 
 
-class _LimitedLines:
-    """Lines of a text file, each read with a length limit (a huge line is never read whole)."""
-
-    def __init__(self, handle, path: Path, limit: int) -> None:
-        self.handle, self.path, self.limit, self.number = handle, path, limit, 0
-
-    def __iter__(self) -> "_LimitedLines":
-        return self
-
-    def __next__(self) -> str:
-        line = self.handle.readline(self.limit + 1)
-        if not line:
-            raise StopIteration
-        self.number += 1
-        if len(line) > self.limit and not line.endswith("\n"):
-            raise ValueError(f"{self.path.name}: line {self.number} is longer than the limit of {self.limit:,} "
-                             "characters per record; shorten or drop that record (max_record_chars)")
-        return line
-
-
-def _decoding_errors(path: Path, encoding: str):
-    """Turn a decoding failure into an error that names the file and the fix."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def guard():
-        try:
-            yield
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path.name}: not valid {encoding} text (byte {exc.start} of a line cannot be "
-                             f"decoded); if the file uses another encoding pass --encoding, e.g. --encoding "
-                             "latin-1 (task.encoding)") from None
-    return guard()
-
-
 def _read_delimited(path: Path, delimiter: str, text_column: str, label_column: str,
                     encoding: str = DEFAULT_ENCODING,
                     max_chars: int = MAX_RECORD_CHARS) -> Iterator[tuple[int, object, object]]:
     """Yield (line where the record starts, text, label); quoted multi-line fields are one record."""
-    with path.open(encoding=encoding, newline="") as handle, _decoding_errors(path, encoding):
-        lines = _LimitedLines(handle, path, max_chars)
+    with path.open(encoding=encoding, newline="") as handle, decoding_errors(path, encoding):
+        lines = LimitedLines(handle, path, max_chars)
         reader = csv.reader(lines, delimiter=delimiter)
         try:
             header = next(reader)
@@ -149,7 +115,7 @@ def _read_delimited(path: Path, delimiter: str, text_column: str, label_column: 
 
 def _rows_within_limit(reader, path: Path, max_chars: int) -> Iterator[list[str]]:
     # csv's own field limit is process-wide state; check each field here instead (a
-    # quoted field spanning lines is bounded by _LimitedLines per line and by this in total).
+    # quoted field spanning lines is bounded by LimitedLines per line and by this in total).
     while True:
         try:
             row = next(reader)
@@ -170,8 +136,8 @@ def _read_jsonl(path: Path, text_column: str, label_column: str, encoding: str =
     bad_json: list[int] = []
     missing: dict[str, list[int]] = {text_column: [], label_column: []}
     keys_seen: set[str] = set()
-    with path.open(encoding=encoding) as handle, _decoding_errors(path, encoding):
-        for number, line in enumerate(_LimitedLines(handle, path, max_chars), start=1):
+    with path.open(encoding=encoding) as handle, decoding_errors(path, encoding):
+        for number, line in enumerate(LimitedLines(handle, path, max_chars), start=1):
             if not line.strip():
                 continue
             try:
@@ -322,6 +288,17 @@ def _warn_if_imbalanced(examples: Sequence[Example], source: str) -> None:
         )
 
 
+def _warn_of_classes_missing_from_test(labels: Sequence[str], test_examples: Sequence[Example],
+                                       source: str) -> None:
+    """Warn of each listed class that the (public) test file never uses. Only the test file is
+    read for this: whether the private train file has a class is a statistic of it."""
+    present = {ex.label for ex in test_examples}
+    for label in labels:
+        if label not in present:
+            warnings.warn(f"task.labels: class {label!r} never occurs in the test file {source}, so its accuracy "
+                          "cannot be measured; add test records of it or drop it from the labels", stacklevel=3)
+
+
 def subsample(examples: Sequence[Example], n: int | None, seed: int) -> list[Example]:
     """A uniform random subset of ``n`` examples in file order (all of them when ``n`` is None).
 
@@ -374,6 +351,8 @@ def build_task_from_files(
     test_examples = load(test, labels)
     if labels is None:
         labels = sorted({ex.label for ex in test_examples})
+    else:
+        _warn_of_classes_missing_from_test(labels, test_examples, Path(test).name)
     # No imbalance warning for the private file: which label dominates is a statistic of it.
     train_examples = load(train, labels, warn=False)
     if public is None:

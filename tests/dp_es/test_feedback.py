@@ -13,7 +13,9 @@ from dp_textgrad.dp_es.mutation import FeedbackSanitiser, render_confusion, scru
 from dp_textgrad.privacy.data import Private, PrivateDataError, PrivateDataset, PublicText
 
 LABELS = ["billing", "refund", "technical"]
-EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.]+")
+# An address has a domain ending in a top-level domain of letters: "0000@0..." (a cut
+# that ends in "...") is not one, and the earlier looser pattern flagged it (hypothesis found it).
+EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}")
 
 
 @pytest.mark.parametrize(
@@ -167,3 +169,12 @@ def test_render_confusion_limits_and_validation():
     with pytest.raises(ValueError, match="expected_batch_size"):
         render_confusion(m, LABELS, expected_batch_size=0)
     assert render_confusion(np.zeros((3, 3)), LABELS) == []
+
+
+
+def test_an_address_at_the_cut_does_not_survive() -> None:
+    # The address is scrubbed before the cut, so no prefix of it is left at the end.
+    for limit in range(10, 40):
+        out = FeedbackSanitiser(max_chars=limit).sanitise(PublicText("Write to a.b@mail.example.org today", "llm"))
+        assert out is None or ("a.b@" not in str(out) and not EMAIL.search(str(out)))
+    assert EMAIL.search("contact a.b@mail.example.org") and not EMAIL.search("0000@0...")

@@ -19,7 +19,7 @@ runner = CliRunner()
 def test_latin1_file_names_the_file_and_the_encoding_flag(tmp_path) -> None:
     path = tmp_path / "train.csv"
     path.write_bytes("text,label\ncafé crème au lait,bill\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"train\.csv: not valid utf-8-sig.*--encoding latin-1"):
+    with pytest.raises(ValueError, match=r"train\.csv: line 2 is not valid utf-8-sig.*--encoding latin-1"):
         load_classification_file(path)
     assert load_classification_file(path, encoding="latin-1")[0].text == "café crème au lait"
 
@@ -97,3 +97,23 @@ def test_config_value_errors_name_the_key_and_its_line(tmp_path) -> None:
 def test_task_section_rejects_unknown_encodings() -> None:
     with pytest.raises(ValueError, match="unknown encoding"):
         TaskSection(train=Path("a.csv"), test=Path("b.csv"), encoding="klingon")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_bad_encoding_names_the_physical_line_and_task_encoding(tmp_path, suffix) -> None:
+    # 2,500 clean lines, then a latin-1 byte on line 2,501 (the trial's case): the error names that
+    # line, not a byte offset inside the decoder's buffer.
+    def line(i: int, text: str) -> str:
+        return f'{{"text": "{text}", "label": "bill"}}\n' if suffix == ".jsonl" else f"{text},bill\n"
+
+    header = "" if suffix == ".jsonl" else "text,label\n"
+    first = 1 if suffix == ".jsonl" else 2
+    clean = "".join(line(i, f"record number {i} with some words") for i in range(first, 2501))
+    path = tmp_path / f"train{suffix}"
+    path.write_bytes((header + clean).encode("utf-8") + line(2501, "caf\xe9").encode("latin-1")
+                     + line(2502, "fine").encode("utf-8"))
+    with pytest.raises(ValueError) as error:
+        load_classification_file(path)
+    message = str(error.value)
+    assert f"train{suffix}: line 2501 is not valid utf-8-sig text" in message
+    assert "task.encoding" in message and "latin-1" in message and "byte" not in message

@@ -291,3 +291,23 @@ def test_real_banking77_loads_ten_intents() -> None:
     with pytest.raises(ValueError, match="split: use 'test' or 'dev'"):
         get_task("banking77", data_dir=root, split="train")
     assert len(get_task("banking77", data_dir=root, split="dev", n_test=50).test) == 50
+
+
+def test_a_listed_class_missing_from_the_test_file_is_warned_about(tmp_path: Path) -> None:
+    test = write(tmp_path / "test.csv", "text,label\nx,a\ny,b\n")
+    with_c = write(tmp_path / "train_c.csv", "text,label\n" + "".join(f"t{i},{'abc'[i % 3]}\n" for i in range(9)))
+    without_c = write(tmp_path / "train.csv", "text,label\n" + "".join(f"t{i},{'ab'[i % 2]}\n" for i in range(8)))
+    messages = []
+    for train in (with_c, without_c):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            build_task_from_files("toy", train, test, labels=["a", "b", "c"])
+        messages.append([str(w.message) for w in caught])
+    assert any("'c'" in m and "task.labels" in m and "never occurs in the test file test.csv" in m
+               and "cannot be measured" in m for m in messages[0]), messages[0]
+    # Computed from the public test file only: the private train file changes nothing in it.
+    assert messages[0] == messages[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_task_from_files("toy", with_c, write(tmp_path / "test3.csv", "text,label\nx,a\ny,b\nz,c\n"),
+                              labels=["a", "b", "c"])

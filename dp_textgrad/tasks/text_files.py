@@ -1,0 +1,70 @@
+"""Reading a task file's text safely: lines read with a length limit, and decoding errors
+that name the file, the line and the fix (``task.encoding``).
+
+These errors name rows of the data owner's files: they stop a run while its task is built,
+before anything is charged (docs/privacy.md, "Errors, warnings and tracebacks").
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+from pathlib import Path
+
+
+class LimitedLines:
+    """Lines of a text file, each read with a length limit (a huge line is never read whole)."""
+
+    def __init__(self, handle, path: Path, limit: int) -> None:
+        self.handle, self.path, self.limit, self.number = handle, path, limit, 0
+
+    def __iter__(self) -> "LimitedLines":
+        return self
+
+    def __next__(self) -> str:
+        line = self.handle.readline(self.limit + 1)
+        if not line:
+            raise StopIteration
+        self.number += 1
+        if len(line) > self.limit and not line.endswith("\n"):
+            raise ValueError(f"{self.path.name}: line {self.number} is longer than the limit of {self.limit:,} "
+                             "characters per record; shorten or drop that record (max_record_chars)")
+        return line
+
+
+def decoding_errors(path: Path, encoding: str):
+    """Turn a decoding failure into an error that names the file and the fix."""
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except UnicodeDecodeError:
+            # The decoder's position is inside its read buffer, not a line: find the line again.
+            line = first_undecodable_line(path, encoding)
+            where = f"line {line} is not" if line is not None else "not"
+            raise ValueError(f"{path.name}: {where} valid {encoding} text; if the file uses another encoding "
+                             f"set task.encoding in the run file or pass --encoding, e.g. --encoding latin-1 "
+                             f"(encoding= in Python)") from None
+    return guard()
+
+
+def first_undecodable_line(path: Path, encoding: str) -> int | None:
+    """The 1-based physical line where ``path`` stops being valid ``encoding`` text (None if
+    it decodes whole). Reads the bytes in pieces that end at a newline byte, so a huge line is
+    never held whole; lines are counted on the decoded text (exact for encodings in which a
+    newline is one byte, such as UTF-8 and the latin and Windows code pages)."""
+    decoder = codecs.getincrementaldecoder(encoding)(errors="strict")
+    newlines = 0
+    with path.open("rb") as handle:
+        while True:
+            piece = handle.readline(65_536)
+            try:
+                newlines += decoder.decode(piece, final=not piece).count("\n")
+            except UnicodeDecodeError:
+                return newlines + 1
+            if not piece:
+                return None
+
+
+__all__ = ["LimitedLines", "decoding_errors", "first_undecodable_line"]
