@@ -4,103 +4,61 @@ whole optimisation run (``run_canary_audit``; see docs/audit.md).
 
 An audit can show that a run leaks (a lower bound above the claimed epsilon means
 a bug); it can never prove that a run is private.
+
+The names below are imported when first used (PEP 562): the audits need scipy and
+scikit-learn, and commands that never audit (``dp-textgrad --help``, ``budget``) should not
+pay for them.
 """
 
-from dp_textgrad.audit.bounds import (
-    EpsilonLowerBound,
-    GdpEstimate,
-    OneRunBound,
-    clopper_pearson_lower,
-    clopper_pearson_upper,
-    eps_from_error_rates,
-    eps_lower_bound_from_counts,
-    eps_lower_bound_from_scores,
-    gaussian_dp_estimate,
-    gdp_delta,
-    gdp_epsilon,
-    gdp_mu,
-    one_run_bound_from_scores,
-    one_run_eps_lower_bound,
-    one_run_guesses,
-    one_run_p_value,
-)
-from dp_textgrad.audit.canaries import (
-    Canary,
-    CanaryInsertion,
-    CanarySet,
-    TwinDatasets,
-    canaries_for_task,
-    generate_canaries,
-    inclusion_mask,
-    insert_canaries,
-    insertion_slots,
-    load_canaries,
-    opening_labels_from_examples,
-    openings_from_examples,
-    remove_canaries,
-    save_canaries,
-    twin_datasets,
-    with_private_records,
-)
-from dp_textgrad.audit.end_to_end import (
-    CanaryAuditOptions,
-    CanaryAuditResult,
-    attack_release,
-    read_audit,
-    run_canary_audit,
-)
-from dp_textgrad.audit.leakage import (
-    ExposureResult,
-    ExtractionResult,
-    LeakageReport,
-    PromptLeakage,
-    TopKHitRate,
-    exposure,
-    greedy_extraction,
-    leakage_report,
-    longest_common_substring,
-    prompt_leakage,
-    record_context,
-    topk_hit_rates,
-)
-from dp_textgrad.audit.membership import (
-    ATTACKS,
-    AttackScores,
-    loss_score,
-    membership_scores,
-    min_k_pp_score,
-    min_k_score,
-    recall_score,
-    split_by_membership,
-    zlib_score,
-)
-from dp_textgrad.audit.stats import (
-    GroupComparison,
-    Interval,
-    TprAtFpr,
-    bootstrap_ci,
-    cohens_d,
-    compare_groups,
-    effect_magnitude,
-    hedges_g,
-    paired_bootstrap_difference,
-    pr_auc,
-    roc_auc,
-    tpr_at_fpr,
-)
+from __future__ import annotations
 
-__all__ = [
-    "ATTACKS", "AttackScores", "Canary", "CanaryAuditOptions", "CanaryAuditResult", "CanaryInsertion", "CanarySet",
-    "EpsilonLowerBound", "ExposureResult", "attack_release", "read_audit", "run_canary_audit",
-    "ExtractionResult", "GdpEstimate", "GroupComparison", "Interval", "LeakageReport", "OneRunBound",
-    "PromptLeakage", "TopKHitRate", "TprAtFpr", "TwinDatasets", "bootstrap_ci", "canaries_for_task",
-    "clopper_pearson_lower", "clopper_pearson_upper", "cohens_d", "compare_groups", "effect_magnitude",
-    "eps_from_error_rates", "eps_lower_bound_from_counts", "eps_lower_bound_from_scores", "exposure",
-    "gaussian_dp_estimate", "gdp_delta", "gdp_epsilon", "gdp_mu", "generate_canaries", "greedy_extraction",
-    "hedges_g", "inclusion_mask", "insert_canaries", "insertion_slots", "leakage_report", "load_canaries",
-    "longest_common_substring", "loss_score", "membership_scores", "min_k_pp_score", "min_k_score",
-    "one_run_bound_from_scores", "one_run_eps_lower_bound", "one_run_guesses", "one_run_p_value",
-    "opening_labels_from_examples", "openings_from_examples", "paired_bootstrap_difference", "pr_auc",
-    "prompt_leakage", "recall_score", "record_context", "remove_canaries", "roc_auc", "save_canaries",
-    "split_by_membership", "topk_hit_rates", "tpr_at_fpr", "twin_datasets", "with_private_records", "zlib_score",
-]
+import importlib
+from typing import Any
+
+# Each submodule and the names it exports.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "bounds": (
+        "EpsilonLowerBound", "GdpEstimate", "OneRunBound", "clopper_pearson_lower", "clopper_pearson_upper",
+        "eps_from_error_rates", "eps_lower_bound_from_counts", "eps_lower_bound_from_scores",
+        "gaussian_dp_estimate", "gdp_delta", "gdp_epsilon", "gdp_mu", "one_run_bound_from_scores",
+        "one_run_eps_lower_bound", "one_run_guesses", "one_run_p_value",
+    ),
+    "canaries": (
+        "Canary", "CanaryInsertion", "CanarySet", "TwinDatasets", "canaries_for_task", "generate_canaries",
+        "inclusion_mask", "insert_canaries", "insertion_slots", "load_canaries",
+        "opening_labels_from_examples", "openings_from_examples", "remove_canaries", "save_canaries",
+        "twin_datasets", "with_private_records",
+    ),
+    "end_to_end": (
+        "CanaryAuditOptions", "CanaryAuditResult", "attack_release", "read_audit", "run_canary_audit",
+    ),
+    "leakage": (
+        "ExposureResult", "ExtractionResult", "LeakageReport", "PromptLeakage", "TopKHitRate", "exposure",
+        "greedy_extraction", "leakage_report", "longest_common_substring", "prompt_leakage", "record_context",
+        "topk_hit_rates",
+    ),
+    "membership": (
+        "ATTACKS", "AttackScores", "loss_score", "membership_scores", "min_k_pp_score", "min_k_score",
+        "recall_score", "split_by_membership", "zlib_score",
+    ),
+    "stats": (
+        "GroupComparison", "Interval", "TprAtFpr", "bootstrap_ci", "cohens_d", "compare_groups",
+        "effect_magnitude", "hedges_g", "paired_bootstrap_difference", "pr_auc", "roc_auc", "tpr_at_fpr",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
