@@ -63,8 +63,10 @@ def count_dataset_size(config: DPESConfig, task: ClassificationTask, engine: Any
 
     The charge is on disk (when there is a run directory) before the records are counted.
     """
-    # Records over the public length cap may be rejected: that is decided before any charge.
-    task.with_bounded_records(*length_tools(engine), config.max_record_tokens, config.long_records)
+    # Records over the public length cap may be rejected: that is decided before any charge. ('truncate'
+    # never refuses; the optimizer bounds the records itself, so they are measured once on that path.)
+    if config.long_records == "reject":
+        task.with_bounded_records(*length_tools(engine), config.max_record_tokens, config.long_records)
     mechanism = LaplaceCountMechanism(config.size_epsilon)
     if checkpoint_dir is not None:
         run_dir = runs.RunDir(checkpoint_dir)
