@@ -19,7 +19,7 @@ seed prompt and the same schedule of LLM work: ``generations`` rounds of
 * ``dp_gaussian_eps{E}_noshrink``: Gaussian DP-ES ranking by the raw noisy estimates
   (``shrinkage=False``) instead of the empirical-Bayes shrunk ones;
 * ``{method}_flatstart``: the ablation of the structured start: generation 0 made of
-  rule edits only (``Mutator.structured_start = False``), the same run otherwise.
+  rule edits only (``MutationEngine.structured_start = False``), the same run otherwise.
 
 DP runs use delta = min(1e-5, 1/(10 N)); their noise is calibrated to spend at most
 (E, delta) on the whole run under the tightest valid accountant.

@@ -32,7 +32,7 @@ MODULES = (
     "dp_textgrad.privacy.noise",
     "dp_textgrad.privacy.mechanisms",
     "dp_textgrad.dp_es.scorer",
-    "dp_textgrad.dp_es.scoring",
+    "dp_textgrad.dp_es.scoring_backends",
     "dp_textgrad.dp_es.selector",
     "dp_textgrad.dp_es.population",
     "dp_textgrad.workflow",

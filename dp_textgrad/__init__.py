@@ -30,8 +30,8 @@ _EXPORTS = {
     "RunOutcome": "dp_textgrad.workflow",
     "Evaluation": "dp_textgrad.workflow",
     "GenerationReport": "dp_textgrad.dp_es.reports",
-    "RunResult": "dp_textgrad.dp_es.reports",
-    "LifetimeOptions": "dp_textgrad.lifetime",
+    "SearchResult": "dp_textgrad.dp_es.reports",
+    "LifetimeOptions": "dp_textgrad.lifetime_link",
     # the TextGrad optimizer and its settings
     "DPEvolutionStrategy": "dp_textgrad.dp_es.optimizer",
     "EvolutionController": "dp_textgrad.dp_es.optimizer",

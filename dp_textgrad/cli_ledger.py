@@ -32,7 +32,7 @@ def ledger(
     """The lifetime budget of a dataset: its runs and the composed epsilon of all their charges."""
 
     try:
-        from dp_textgrad.lifetime import describe_dataset
+        from dp_textgrad.lifetime_link import describe_dataset
         from dp_textgrad.privacy.accounting.lifetime import STORE_NAME, LifetimeBudget
         from dp_textgrad.runs import OPERATOR_DIR
 

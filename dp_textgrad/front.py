@@ -17,7 +17,7 @@ from dp_textgrad.dp_es.config import ConfigError, DPESConfig, config_with
 
 if TYPE_CHECKING:
     from dp_textgrad.dp_es.reports import GenerationReport
-    from dp_textgrad.lifetime import LifetimeOptions
+    from dp_textgrad.lifetime_link import LifetimeOptions
     from dp_textgrad.tasks.base import ClassificationTask
     from dp_textgrad.workflow import RunOutcome
 
@@ -61,7 +61,7 @@ def optimize(
     usage); an observer that raises stops the run there, and :func:`resume` continues it.
     ``evaluate``: score the seed and released prompts on ``task.test`` (research
     evaluation, not covered by the guarantee). ``lifetime``: the dataset's lifetime-budget
-    options (:class:`~dp_textgrad.lifetime.LifetimeOptions`: store, cap, dataset key);
+    options (:class:`~dp_textgrad.lifetime_link.LifetimeOptions`: store, cap, dataset key);
     default: the store ``<runs_root>/operator/lifetime_budget.sqlite``, no cap.
     ``task_name`` / ``engine_name``: public labels for ``config.json`` and the run log
     (default: the task's name, the engine's model string).

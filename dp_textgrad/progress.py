@@ -90,7 +90,7 @@ class Output:
         elif self.mode == "quiet":
             typer.echo(str(outcome.run_dir))
         else:
-            from dp_textgrad.events import finished_event
+            from dp_textgrad.run_events import finished_event
 
             self.events(finished_event(outcome))
 
@@ -122,7 +122,7 @@ def run_with_progress(console: Console, task, engine, config, *, task_name: str,
     """
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from dp_textgrad import events as run_events
+    from dp_textgrad import run_events
     from dp_textgrad import workflow
 
     # Release-safe fields only: no wall time and no private-phase tokens (both time the secret

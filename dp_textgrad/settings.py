@@ -108,7 +108,7 @@ class OutputSection(_Section):
     mlflow_experiment: str = Field("dp-textgrad", min_length=1, description="MLflow experiment name")
 
     def lifetime(self):
-        from dp_textgrad.lifetime import LifetimeOptions
+        from dp_textgrad.lifetime_link import LifetimeOptions
 
         return LifetimeOptions(store=self.lifetime_store, cap=self.lifetime_cap,
                                override_cap=self.override_lifetime_cap, dataset_key=self.dataset_key,

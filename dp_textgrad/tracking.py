@@ -1,6 +1,6 @@
 """Experiment tracking: hand a run's release-safe events to MLflow (or any tracker).
 
-A tracker is an event sink (:data:`dp_textgrad.events.EventSink`) plus ``finish`` and
+A tracker is an event sink (:data:`dp_textgrad.run_events.EventSink`) plus ``finish`` and
 ``fail``: it receives exactly the dicts ``optimize --json`` prints, which passed the
 release table, and after the run only the run directory's released files (report, plots,
 result, released prompt). Nothing here reads the operator folder.

@@ -15,14 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from dp_textgrad import lifetime as lifetime_link
+from dp_textgrad import lifetime_link
 from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig
 from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
-from dp_textgrad.dp_es.reports import GenerationReport, RunResult
-from dp_textgrad.dp_es.scoring import ScoringFactory
-from dp_textgrad.lifetime import LifetimeOptions, LifetimeStatus
+from dp_textgrad.dp_es.reports import GenerationReport, SearchResult
+from dp_textgrad.dp_es.scoring_backends import ScoringFactory
+from dp_textgrad.lifetime_link import LifetimeOptions, LifetimeStatus
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.tasks.base import ClassificationTask
@@ -77,7 +77,7 @@ class RunOutcome:
     """
 
     run_dir: Path
-    result: RunResult
+    result: SearchResult
     evaluation: Evaluation | None
     seconds: float
     optimizer: DPEvolutionStrategy

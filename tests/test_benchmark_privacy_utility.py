@@ -63,18 +63,18 @@ def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
 def test_flatstart_runs_turn_the_structured_start_off(monkeypatch) -> None:
     from tests.helpers import support_engine
 
-    from dp_textgrad.dp_es.mutation.mutator import Mutator
+    from dp_textgrad.dp_es.mutation.mutation_engine import MutationEngine
     from dp_textgrad.tasks.synthetic import make_support_task
 
     bench = load_benchmark()
     seen: list[bool] = []
-    original = Mutator.variants
+    original = MutationEngine.variants
 
     def recording(self, *args, **kwargs):
         seen.append(self.structured_start)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Mutator, "variants", recording)
+    monkeypatch.setattr(MutationEngine, "variants", recording)
     task = make_support_task(seed=0, n_private=60, n_test=10)
     schedule = bench.Schedule(generations=1, population=3, parents=1, records=20)
     for method in ("nonprivate", "nonprivate_flatstart"):

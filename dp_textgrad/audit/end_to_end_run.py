@@ -80,7 +80,7 @@ def _fewshot_run(task: ClassificationTask, private: Sequence[Example], engine: "
     and the drawn positions.
     """
     from dp_textgrad import runs
-    from dp_textgrad.dp_es.reports import RunResult
+    from dp_textgrad.dp_es.reports import SearchResult
     from dp_textgrad.workflow import Evaluation, RunOutcome
 
     started = time.perf_counter()
@@ -96,7 +96,7 @@ def _fewshot_run(task: ClassificationTask, private: Sequence[Example], engine: "
                                                "config": {}, "seed_prompt": task.seed_prompt,
                                                "dataset_size": len(private)})
     runs.RunDir(directory).prompt.write_text(prompt + "\n", encoding="utf-8")
-    result = RunResult(prompt=prompt, candidate_id="fewshot", estimate=None, epsilon=math.inf,
+    result = SearchResult(prompt=prompt, candidate_id="fewshot", estimate=None, epsilon=math.inf,
                        delta=float(resolved.delta), epsilons={}, generations_run=0,
                        stopped_because="fewshot mode: no optimisation (seed prompt plus raw private records)",
                        unsafe=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dp_textgrad.dp_es.scoring import SubsampleTotals, batch_totals
+from dp_textgrad.dp_es.scoring_backends import SubsampleTotals, batch_totals
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
 from dp_textgrad.privacy.noise import NoiseSource
 
@@ -120,7 +120,7 @@ class RayScoring:
 
 
 class RayScoringPool:
-    """A scoring factory (see :mod:`dp_textgrad.dp_es.scoring`) that runs on Ray actors.
+    """A scoring factory (see :mod:`dp_textgrad.dp_es.scoring_backends`) that runs on Ray actors.
 
     ``engine_factory`` builds each actor's engine in the actor's process (it must be
     picklable: a module-level function or a ``functools.partial``). ``address`` names a

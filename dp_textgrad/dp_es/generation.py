@@ -21,13 +21,13 @@ import numpy as np
 
 from dp_textgrad import runs
 from dp_textgrad.dp_es.estimates import ReleasedScores
-from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, CritiquePipeline, FeedbackSanitiser, Mutator, render_confusion
+from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, CritiquePipeline, FeedbackSanitiser, MutationEngine, render_confusion
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.replay import ReplayJournal
 from dp_textgrad.dp_es.reports import UsageMark
 from dp_textgrad.dp_es.scorer import DPScorer
-from dp_textgrad.dp_es.scoring import ScoringFactory
+from dp_textgrad.dp_es.scoring_backends import ScoringFactory
 from dp_textgrad.privacy.data import PublicText
 from dp_textgrad.privacy.noise import NoiseSource
 
@@ -78,7 +78,7 @@ class Generation:
         llm_operators = config.llm_operators if config.llm_operators is not None \
             else bool(getattr(engine, "instruction_following", True))
         description = PublicText(task.description, "user")
-        mutator = mutator or Mutator(
+        mutator = mutator or MutationEngine(
             engine, description, task.labels, task.public_examples, public_rng, mode=config.mode,
             render_demo=task.render_demo, max_prompt_chars=config.max_prompt_chars, unsafe_examples=unsafe_examples,
             weights=None if llm_operators else NO_LLM_WEIGHTS)

@@ -25,10 +25,10 @@ from dp_textgrad.dp_es.generation import Generation, no_shrinkage
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.preflight import PreflightError, length_tools, preflight
-from dp_textgrad.dp_es.reports import (GenerationReport, GenerationTelemetry, RunResult, UsageMark, nothing_released,
+from dp_textgrad.dp_es.reports import (GenerationReport, GenerationTelemetry, SearchResult, UsageMark, nothing_released,
                                        refusal_reason)
 from dp_textgrad.dp_es.scorer import DPScorer
-from dp_textgrad.dp_es.scoring import ScoringFactory
+from dp_textgrad.dp_es.scoring_backends import ScoringFactory
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.tasks.base import ClassificationTask
@@ -200,14 +200,14 @@ class EvolutionController(Optimizer):
         )
 
     # -- running to the end --------------------------------------------------------------
-    def run(self, progress: Callable[[GenerationReport], None] | None = None) -> RunResult:
+    def run(self, progress: Callable[[GenerationReport], None] | None = None) -> SearchResult:
         while self.stopped_because is None:
             report = self.step()
             if report is not None and progress is not None:
                 progress(report)
         return self.finalise()
 
-    def finalise(self) -> RunResult:
+    def finalise(self) -> SearchResult:
         """Release the final prompt (free, or a charged selection on a fresh subsample)."""
         if not self.history:
             # Nothing DP was released, so there is no prompt to release either.
@@ -222,7 +222,7 @@ class EvolutionController(Optimizer):
                 pass  # the last generation's best stands; it was released already
         self.variable.set_value(best.text)
         estimate = self.population.shrunk_estimates().get(best.id)
-        return RunResult(
+        return SearchResult(
             prompt=best.text,
             candidate_id=best.id,
             estimate=float(estimate) if estimate is not None and math.isfinite(estimate) else None,

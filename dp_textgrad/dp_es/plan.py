@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import dp_accounting
 
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig
-from dp_textgrad.dp_es.selector import GenerationMechanisms, SelectionStrategy, strategy_for
+from dp_textgrad.dp_es.selector import GenerationMechanisms, DPSelector, strategy_for
 from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.accounting.accountants import Accountant
@@ -50,7 +50,7 @@ class RunPlan:
     value: float | None
 
     @property
-    def strategy(self) -> SelectionStrategy:
+    def strategy(self) -> DPSelector:
         return strategy_for(self.config)
 
     @property

@@ -1,6 +1,6 @@
 """What a run reports: per-generation DP statistics, operator-only telemetry, the result.
 
-Every field of :class:`GenerationReport` and :class:`RunResult` is classified in
+Every field of :class:`GenerationReport` and :class:`SearchResult` is classified in
 :mod:`dp_textgrad.privacy.release`; private-phase usage and time live only in
 :class:`GenerationTelemetry`, which stays under the run's ``operator/`` folder.
 """
@@ -85,7 +85,7 @@ class UsageMark:
 
 
 @dataclass
-class RunResult:
+class SearchResult:
     """The released prompt with its guarantee and the run's public history."""
 
     prompt: str
@@ -135,4 +135,4 @@ def nothing_released(refusal: BudgetExceeded | None, ledger: Any, interrupted: i
     return BudgetExceeded("generation 0", epsilon, ledger.epsilon_budget, ledger.delta, lost)
 
 
-__all__ = ["GenerationReport", "GenerationTelemetry", "RunResult", "UsageMark", "nothing_released", "refusal_reason"]
+__all__ = ["GenerationReport", "GenerationTelemetry", "SearchResult", "UsageMark", "nothing_released", "refusal_reason"]

@@ -1,7 +1,7 @@
 """DP scoring of candidate prompts on private records: the one place the algorithm reads them.
 
 Per generation the :class:`DPScorer` charges the ledger FIRST with the event of the
-mechanism it is about to run, then has its scoring backend (:mod:`dp_textgrad.dp_es.scoring`:
+mechanism it is about to run, then has its scoring backend (:mod:`dp_textgrad.dp_es.scoring_backends`:
 this process, or Ray workers) draw a Poisson subsample B (rate q, secret) and compute for
 each candidate k the utility sum u_k = sum over B of clip(s_{i,k}, 0, C) (sensitivity C
 per candidate, see :mod:`dp_textgrad.privacy.mechanisms`); the noise is added here.
@@ -28,7 +28,7 @@ import numpy as np
 
 from dp_textgrad.dp_es.estimates import ReleasedScores
 from dp_textgrad.dp_es.replay import Charge, ReplayJournal
-from dp_textgrad.dp_es.scoring import LocalScoring, ScoringBackend, SubsampleTotals, adds_noise
+from dp_textgrad.dp_es.scoring_backends import LocalScoring, ScoringBackend, SubsampleTotals, adds_noise
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.privacy.mechanisms import (
     GaussianScoreMechanism,

@@ -84,7 +84,7 @@ class Choice:
     released: ReleasedScores | None = None
 
 
-class SelectionStrategy(ABC):
+class DPSelector(ABC):
     """One way of choosing parents from private scores; registered in :data:`SELECTION_STRATEGIES`.
 
     ``calibrates`` names the free parameter the budget decides ("noise_multiplier",
@@ -140,7 +140,7 @@ def feedback_is_used(config: Any, generation: int) -> bool:
             and config.llm_operators is not False)
 
 
-class NoisyScoreTopK(SelectionStrategy):
+class NoisyScoreTopK(DPSelector):
     """Release every candidate's noisy score (Gaussian); parents are the top-k of the
     shrunk estimates, free post-processing."""
 
@@ -183,7 +183,7 @@ class ExactScores(NoisyScoreTopK):
         return "NOT PRIVATE: exact scores (privacy 'off')"
 
 
-class ChargedSelection(SelectionStrategy):
+class ChargedSelection(DPSelector):
     """Release indices only: a DP selection mechanism picks k parents on a fresh subsample."""
 
     calibrates, releases_scores, supports_feedback = "epsilon0", False, False
@@ -205,7 +205,7 @@ class ChargedSelection(SelectionStrategy):
         return f"{self.title} top-{parents}, epsilon0 = {value:.4f} per selection"
 
 
-SELECTION_STRATEGIES: dict[str, SelectionStrategy] = {
+SELECTION_STRATEGIES: dict[str, DPSelector] = {
     "gaussian": NoisyScoreTopK(),
     "exponential": ChargedSelection("exponential", "exponential (Gumbel)"),
     "permute_and_flip": ChargedSelection("permute_and_flip", "permute-and-flip"),
@@ -213,7 +213,7 @@ SELECTION_STRATEGIES: dict[str, SelectionStrategy] = {
 NON_PRIVATE = ExactScores()
 
 
-def strategy_for(config: Any) -> SelectionStrategy:
+def strategy_for(config: Any) -> DPSelector:
     """The strategy a configuration names (the non-private baseline when privacy is 'off')."""
     if config.privacy == "off":
         return NON_PRIVATE
@@ -228,7 +228,7 @@ __all__ = [
     "SELECTION_STRATEGIES",
     "Choice",
     "GenerationMechanisms",
-    "SelectionStrategy",
+    "DPSelector",
     "strategy_for",
     "top_k",
     "tournament",

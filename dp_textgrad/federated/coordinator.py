@@ -1,7 +1,7 @@
 """The coordinator's scoring backend: asks every silo, combines what the placement lets it see.
 
 :class:`FederatedScoring` plugs into the DP-ES scorer through the scoring-backend seam
-(:mod:`dp_textgrad.dp_es.scoring`), so a federated run charges exactly the events of a
+(:mod:`dp_textgrad.dp_es.scoring_backends`), so a federated run charges exactly the events of a
 single-machine run at the same noise multiplier:
 
 - ``central``: it asks for un-noised totals and adds them up; the scorer adds the noise
@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from dp_textgrad._io import atomic_write_json
-from dp_textgrad.dp_es.scoring import NoisedRelease, SubsampleTotals
+from dp_textgrad.dp_es.scoring_backends import NoisedRelease, SubsampleTotals
 from dp_textgrad.federated.placement import NoisePlacement, check_estimators, check_placement, silo_mechanism
 from dp_textgrad.federated.secure_sum import (
     MAX_COUPLING_ERROR,

@@ -28,7 +28,7 @@ from dp_textgrad.federated.config import FederatedSettings, load_federated_setti
 from dp_textgrad.federated.run import (
     ACCOUNTS_DIR,
     EngineFactory,
-    FederatedOutcome,
+    FederatedRunOutcome,
     SiloBuilder,
     coordinate_federated,
     public_task,
@@ -119,7 +119,7 @@ def client_app(engine_factory: EngineFactory | None = None) -> Any:
 
 
 def coordinate_deployment(settings: FederatedSettings, grid: Any, run_dir: Path,
-                          engine_factory: EngineFactory | None = None, task: Any = None) -> FederatedOutcome:
+                          engine_factory: EngineFactory | None = None, task: Any = None) -> FederatedRunOutcome:
     """The coordinator's run over a Flower ``grid`` of SuperNodes, one per silo of ``settings``."""
     from dp_textgrad.builders import build_task, make_engine
     from dp_textgrad.federated.flower_app import FlowerGrid

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dp_textgrad import runs
-from dp_textgrad.dp_es.reports import GenerationReport, RunResult
+from dp_textgrad.dp_es.reports import GenerationReport, SearchResult
 from dp_textgrad.federated.config import FederatedSettings
 from dp_textgrad.federated.coordinator import FederatedScoring, InProcessSilos
 from dp_textgrad.federated.placement import guarantees, total_noise_factor
@@ -43,9 +43,9 @@ COUPLING_NAME = "secure_sum_coupling.json"  # the fixed-point sums' coupling err
 
 
 @dataclass
-class FederatedOutcome:
+class FederatedRunOutcome:
     run_dir: Path
-    result: RunResult
+    result: SearchResult
     federation: dict[str, Any]
     seconds: float
 
@@ -128,7 +128,7 @@ def saved_settings(run_dir: Path) -> FederatedSettings:
 
 def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory | None = None,
                   task: Any = None, progress: Callable[[GenerationReport], None] | None = None,
-                  run_dir: Path | None = None, resume: bool = False) -> FederatedOutcome:
+                  run_dir: Path | None = None, resume: bool = False) -> FederatedRunOutcome:
     """Run one federated DP-ES optimisation on this machine (or, with ``resume``, continue the one
     in ``run_dir``): silos in process or as a Flower simulation; ``engine_factory`` and ``task``
     default to the settings'."""
@@ -251,11 +251,11 @@ def public_task(task: Any, sizes: list[int]) -> Any:
 def coordinate_federated(settings: FederatedSettings, names: list[str], sizes: list[int],
                          transport: Callable[[Callable[[Any], Any]], Any], *, engine_factory: EngineFactory,
                          task: Any, run_dir: Path, progress: Callable[[GenerationReport], None] | None = None,
-                         resume: bool = False, config: Any = None, ledger: Any = None) -> FederatedOutcome:
+                         resume: bool = False, config: Any = None, ledger: Any = None) -> FederatedRunOutcome:
     """The coordinator's side of a run: the DP-ES loop over ``transport`` (which calls ``coordinate``
     with a silo transport), then ``federation.json``. It holds the silos' names and public sizes only."""
     from dp_textgrad import workflow
-    from dp_textgrad.lifetime import LifetimeOptions
+    from dp_textgrad.lifetime_link import LifetimeOptions
 
     started = time.perf_counter()
     federation = settings.federation
@@ -297,7 +297,7 @@ def coordinate_federated(settings: FederatedSettings, names: list[str], sizes: l
         "seconds": seconds,
     }
     runs.write_released_json(run_dir, "federation.json", "federation", federation_record)
-    return FederatedOutcome(run_dir, outcome.result, federation_record, seconds)
+    return FederatedRunOutcome(run_dir, outcome.result, federation_record, seconds)
 
 
 def size_source(settings: FederatedSettings, run_dir: Path) -> str:
@@ -317,5 +317,5 @@ def _smallest_bound(events: list[Any], delta: float) -> float:
     return smallest_bound(events, delta)
 
 
-__all__ = ["FederatedOutcome", "SiloBuilder", "account_file", "coordinate_federated", "public_task", "resolved_config",
+__all__ = ["FederatedRunOutcome", "SiloBuilder", "account_file", "coordinate_federated", "public_task", "resolved_config",
            "run_federated", "saved_settings", "silo_records"]

@@ -41,7 +41,7 @@ import numpy as np
 
 from dp_textgrad._io import atomic_write_json
 from dp_textgrad.dp_es.preflight import length_tools
-from dp_textgrad.dp_es.scoring import batch_totals
+from dp_textgrad.dp_es.scoring_backends import batch_totals
 from dp_textgrad.federated.placement import NoisePlacement, check_placement, silo_mechanism, staged_bound
 from dp_textgrad.federated.secure_sum import clip_before_noise
 from dp_textgrad.federated.secure_sum import unmask_threshold as threshold_of

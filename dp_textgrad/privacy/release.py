@@ -171,7 +171,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "note": PUBLIC,
         # No timestamps: the times between charges would time the private phase.
     },
-    # `optimize --json` and run-event sinks (dp_textgrad.events): the start and lifetime events.
+    # `optimize --json` and run-event sinks (dp_textgrad.run_events): the start and lifetime events.
     # Generation and finished events carry the released fields of `metrics` and `result`.
     "events": {
         "event": PUBLIC,                     # start | lifetime | generation | finished

@@ -111,11 +111,11 @@ def test_whole_controller_loop_survives_the_audit(selection):
          n_background=3, positive_control=False),
 ])
 def test_replayed_variants_give_the_same_runs_as_building_them(settings, monkeypatch):
-    from dp_textgrad.dp_es.mutation.mutator import Mutator
+    from dp_textgrad.dp_es.mutation.mutation_engine import MutationEngine
 
     built = []
-    real = Mutator.variants
-    monkeypatch.setattr(Mutator, "variants", lambda self, *a, **kw: built.append(1) or real(self, *a, **kw))
+    real = MutationEngine.variants
+    monkeypatch.setattr(MutationEngine, "variants", lambda self, *a, **kw: built.append(1) or real(self, *a, **kw))
 
     def without_seconds(result):
         return {k: v for k, v in result.to_dict().items() if k != "seconds"}

@@ -20,7 +20,7 @@ ray = pytest.importorskip("ray", reason="needs the [ray] extra: pip install 'dp-
 from dp_textgrad import DPEvolutionStrategy  # noqa: E402
 from dp_textgrad._textgrad import import_textgrad  # noqa: E402
 from dp_textgrad.distributed import RayScoringPool, partition_bounds  # noqa: E402
-from dp_textgrad.dp_es.scoring import LocalScoring  # noqa: E402
+from dp_textgrad.dp_es.scoring_backends import LocalScoring  # noqa: E402
 from dp_textgrad.engines.scripted import ScriptedEngine  # noqa: E402
 from dp_textgrad.privacy.data import PrivateScoringError  # noqa: E402
 from dp_textgrad.tasks.synthetic import make_support_task  # noqa: E402

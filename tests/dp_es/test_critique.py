@@ -10,7 +10,7 @@ from dp_textgrad.dp_es.mutation import (
     PROMPT_CLOSE,
     CritiquePipeline,
     FeedbackSanitiser,
-    Mutator,
+    MutationEngine,
     extract_critique,
     render_confusion,
 )
@@ -114,7 +114,7 @@ def test_extract_critique():
 
 
 def test_dp_confusion_to_critique_to_child_end_to_end():
-    """render_confusion -> critiques -> Mutator.children: the critique reaches the rewrite prompt."""
+    """render_confusion -> critiques -> MutationEngine.children: the critique reaches the rewrite prompt."""
     confusion = np.array([[40, 2, 1], [18, 80, 2], [0, 1, 50]], dtype=float)
     dp_sentences = render_confusion(confusion, LABELS, expected_batch_size=200, noise_std=1.0)
     p = parent()
@@ -125,7 +125,7 @@ def test_dp_confusion_to_critique_to_child_end_to_end():
     writer = FakeLLM([f"Classify the support message; money-back requests are refund.{PROMPT_CLOSE}"])
     weights = {name: 0.0 for name in DEFAULT_WEIGHTS}
     weights.update(llm_rewrite=1.0, insert_phrase=1e-12)
-    mutator = Mutator(writer, DESCRIPTION, LABELS, [Example("Refund me please.", "refund")],
+    mutator = MutationEngine(writer, DESCRIPTION, LABELS, [Example("Refund me please.", "refund")],
                      np.random.default_rng(0), weights=weights)
     feedback = {p.id: critiques[p.id] + dp_sentences}
     child = mutator.children([p], 1, 2, feedback=feedback)[0]

@@ -1,4 +1,4 @@
-"""Mutator: the structural barrier, rule edits, LLM operators and their fallbacks."""
+"""MutationEngine: the structural barrier, rule edits, LLM operators and their fallbacks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dp_textgrad.dp_es.mutation import (
     DEFAULT_WEIGHTS,
     PROMPT_CLOSE,
     PROMPT_OPEN,
-    Mutator,
+    MutationEngine,
     Scaffold,
     build_llm_prompt,
     candidate_text,
@@ -46,8 +46,8 @@ def render_demo(ex: Example) -> str:
     return f"Message: {ex.text}\nTopic: {ex.label}"
 
 
-def make_mutator(llm=None, seed=0, mode="public", **kw) -> Mutator:
-    return Mutator(llm, DESCRIPTION, LABELS, PUBLIC, np.random.default_rng(seed), mode=mode,
+def make_mutator(llm=None, seed=0, mode="public", **kw) -> MutationEngine:
+    return MutationEngine(llm, DESCRIPTION, LABELS, PUBLIC, np.random.default_rng(seed), mode=mode,
                    render_demo=render_demo, **kw)
 
 
@@ -85,13 +85,13 @@ def test_builder_accepts_only_scaffold_and_public_text():
 def test_mutator_constructor_refuses_private_or_undeclared_inputs():
     rng = np.random.default_rng(0)
     with pytest.raises(PrivateDataError, match="task_description"):
-        Mutator(None, "plain description", LABELS, PUBLIC, rng)
+        MutationEngine(None, "plain description", LABELS, PUBLIC, rng)
     with pytest.raises(PrivateDataError, match="public_examples"):
-        Mutator(None, DESCRIPTION, LABELS, [Private(PRIVATE[0])], rng)
+        MutationEngine(None, DESCRIPTION, LABELS, [Private(PRIVATE[0])], rng)
     with pytest.raises(PrivateDataError, match="unsafe_examples"):
-        Mutator(None, DESCRIPTION, LABELS, PUBLIC, rng, unsafe_examples=PRIVATE)
+        MutationEngine(None, DESCRIPTION, LABELS, PUBLIC, rng, unsafe_examples=PRIVATE)
     with pytest.raises(PrivateDataError):
-        Mutator(None, DESCRIPTION, [Private("billing"), "refund"], PUBLIC, rng)
+        MutationEngine(None, DESCRIPTION, [Private("billing"), "refund"], PUBLIC, rng)
 
 
 @pytest.mark.parametrize("bad", [Private("secret feedback"), "plain feedback", PublicText(CANARY, "unsafe")])
@@ -454,14 +454,14 @@ def test_initial_variants_start_from_balanced_demonstration_sets():
 @pytest.mark.slow
 def test_base_model_follows_the_rewrite_and_crossover_patterns(llama_engine):
     """Gemma 3 270M (base) can continue the few-shot patterns; whatever it writes, nothing crashes."""
-    mutator = Mutator(llama_engine, DESCRIPTION, LABELS, PUBLIC, np.random.default_rng(0),
+    mutator = MutationEngine(llama_engine, DESCRIPTION, LABELS, PUBLIC, np.random.default_rng(0),
                      weights=only("llm_rewrite"), max_prompt_chars=400, max_tokens=60)
     fb = [PublicText("About 18% of 'refund' messages are labelled 'billing'.", "dp")]
     kids = mutator.children([seed_candidate()], 3, 1, feedback=fb)
     assert kids and all(len(k.text) <= 400 for k in kids)
     assert any(k.operator == "llm_rewrite" for k in kids), [k.operator_meta for k in kids]
     partner = seed_candidate("Decide the topic of the message. Answer with the label only.")
-    crossover = Mutator(llama_engine, DESCRIPTION, LABELS, PUBLIC, np.random.default_rng(1),
+    crossover = MutationEngine(llama_engine, DESCRIPTION, LABELS, PUBLIC, np.random.default_rng(1),
                         weights=only("llm_crossover"), max_tokens=60)
     kids = crossover.children([seed_candidate(), partner], 2, 1)
     assert kids and all("crossover" in k.operator for k in kids)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, Mutator
+from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, MutationEngine
 from dp_textgrad.dp_es.mutation.phrase_bank import INSTRUCTION_PHRASES
 from dp_textgrad.dp_es.mutation.readable import foreign_words, instruction_problems, task_vocabulary
 from dp_textgrad.dp_es.mutation.text_edits import PromptLayout
@@ -34,9 +34,9 @@ def builtin(name: str) -> tuple[str, list[str], list, str]:
         list(registry.BANKING77_PUBLIC_EXAMPLES), "Read the question."
 
 
-def mutator_for(name: str, seed: int = 0) -> tuple[Mutator, str]:
+def mutator_for(name: str, seed: int = 0) -> tuple[MutationEngine, str]:
     description, labels, examples, seed_prompt = builtin(name)
-    mutator = Mutator(None, PublicText(description, "user"), labels, examples, np.random.default_rng(seed),
+    mutator = MutationEngine(None, PublicText(description, "user"), labels, examples, np.random.default_rng(seed),
                       weights=NO_LLM_WEIGHTS)
     return mutator, seed_prompt
 

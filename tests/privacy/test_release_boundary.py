@@ -246,13 +246,13 @@ def test_loader_prints_no_statistics_of_the_private_file(tmp_path, recwarn) -> N
 
 
 def test_callbacks_and_results_carry_only_released_fields() -> None:
-    from dp_textgrad.dp_es.reports import GenerationReport, GenerationTelemetry, RunResult
+    from dp_textgrad.dp_es.reports import GenerationReport, GenerationTelemetry, SearchResult
 
     for name in GenerationReport.__dataclass_fields__:
         assert release.classify("metrics", name) != release.OPERATOR_ONLY, name
     for name in GenerationTelemetry.__dataclass_fields__:
         assert release.classify("metrics", name) == release.OPERATOR_ONLY, name
-    for name in RunResult.__dataclass_fields__:
+    for name in SearchResult.__dataclass_fields__:
         assert release.classify("result", name) != release.OPERATOR_ONLY, name
 
 

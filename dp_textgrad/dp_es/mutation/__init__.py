@@ -6,7 +6,7 @@ Modules, bottom up:
 - ``barrier``: :func:`build_llm_prompt`, the only way text reaches a mutation or critique LLM;
 - ``text_edits``: pure string work (LLM answer parsing, sentences, the prompt layout);
 - ``llm_operators`` and ``operators``: the operators and their registry (``OPERATORS``);
-- ``mutator``: :class:`Mutator`, which draws operators and makes children;
+- ``mutator``: :class:`MutationEngine`, which draws operators and makes children;
 - ``feedback``: :class:`FeedbackSanitiser` (hygiene only) and :func:`render_confusion`
   (DP confusion matrix to sentences, free post-processing);
 - ``critique``: :class:`CritiquePipeline`, LLM advice per parent.
@@ -26,7 +26,7 @@ from dp_textgrad.dp_es.mutation.feedback import (
     scrub_pii,
     truncate_text,
 )
-from dp_textgrad.dp_es.mutation.mutator import Mutator
+from dp_textgrad.dp_es.mutation.mutation_engine import MutationEngine
 from dp_textgrad.dp_es.mutation.operators import (
     DEFAULT_WEIGHTS,
     LLM_OPERATORS,
@@ -47,7 +47,7 @@ from dp_textgrad.dp_es.mutation.text_edits import (
 
 __all__ = [
     "DEFAULT_WEIGHTS", "LLM_OPERATORS", "NO_LLM_WEIGHTS", "OPERATORS", "PROMPT_CLOSE", "PROMPT_OPEN",
-    "RULE_OPERATORS", "CritiquePipeline", "Feedback", "FeedbackSanitiser", "Mutator", "Operator",
+    "RULE_OPERATORS", "CritiquePipeline", "Feedback", "FeedbackSanitiser", "MutationEngine", "Operator",
     "PromptLayout", "Scaffold", "build_llm_prompt", "candidate_text", "check_public", "extract_critique",
     "extract_prompt", "is_degenerate", "parse_layout", "render_confusion", "scrub_pii", "split_sentences",
     "truncate_text",

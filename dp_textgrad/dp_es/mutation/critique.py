@@ -4,7 +4,7 @@ A critique prompt holds the public task description, a parent prompt (public
 candidate text) and DP feedback sentences (e.g. from ``render_confusion``). It is
 assembled by ``barrier.build_llm_prompt``, so private data cannot enter it. The
 answer is sanitised (hygiene) and returned as ``PublicText(source="llm")`` for
-``Mutator.children(feedback=...)``. Critiques of parents built from raw
+``MutationEngine.children(feedback=...)``. Critiques of parents built from raw
 private text (unsafe mode) keep the source ``"unsafe"``.
 """
 

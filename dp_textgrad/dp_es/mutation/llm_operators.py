@@ -43,13 +43,13 @@ from dp_textgrad.dp_es.population import Candidate, normalise_text
 from dp_textgrad.privacy.data import PrivateDataError, PublicText
 
 if TYPE_CHECKING:
-    from dp_textgrad.dp_es.mutation.mutator import Mutator
+    from dp_textgrad.dp_es.mutation.mutation_engine import MutationEngine
 
 _WORKED_INSTRUCTIONS = tuple(ex[3] for ex in REWRITE_EXAMPLES + CROSSOVER_EXAMPLES)
 _PUBLIC_PHRASES = INSTRUCTION_PHRASES + FORMAT_INSTRUCTIONS
 
 
-def llm_rewrite(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+def llm_rewrite(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
                 feedback: Sequence[PublicText]) -> Edit | None:
     layout = m.layout(primary)
     instruction = PublicText(layout.instruction, candidate_text(primary).source)
@@ -94,7 +94,7 @@ def llm_rewrite(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
     return m.fallback(primary, [], "llm_rewrite", error or "unknown", meta, used_unsafe)
 
 
-def llm_crossover(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+def llm_crossover(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
                   feedback: Sequence[PublicText]) -> Edit | None:
     partner = partners[int(m.rng.integers(len(partners)))]
     a, b = m.layout(primary), m.layout(partner)
@@ -132,14 +132,14 @@ def llm_crossover(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
     return m.fallback(primary, [partner], "llm_crossover", error or "unknown", meta, used_unsafe)
 
 
-def _pick_feedback(m: Mutator, feedback: Sequence[PublicText]) -> list[PublicText]:
+def _pick_feedback(m: MutationEngine, feedback: Sequence[PublicText]) -> list[PublicText]:
     if len(feedback) <= m.max_feedback_items:
         return list(feedback)
     picks = sorted(m.rng.choice(len(feedback), size=m.max_feedback_items, replace=False).tolist())
     return [feedback[i] for i in picks]
 
 
-def _examples_for_prompt(m: Mutator) -> tuple[list[PublicText], bool]:
+def _examples_for_prompt(m: MutationEngine) -> tuple[list[PublicText], bool]:
     """Labelled examples for the rewrite prompt; raw private ones only in mode='unsafe'."""
     pool = m.unsafe_examples + m.public_examples if m.mode == "unsafe" else m.public_examples
     k = min(m.examples_in_prompt, len(pool))
@@ -154,7 +154,7 @@ def _examples_for_prompt(m: Mutator) -> tuple[list[PublicText], bool]:
     return out, any(p.source == "unsafe" for p in out)
 
 
-def _ask(m: Mutator, parts: Sequence[Scaffold | PublicText]) -> tuple[str | None, str | None, int]:
+def _ask(m: MutationEngine, parts: Sequence[Scaffold | PublicText]) -> tuple[str | None, str | None, int]:
     """Build (through the barrier), call the engine; (raw output, error reason, seed)."""
     prompt = build_llm_prompt(parts, mode=m.mode)
     seed = int(m.rng.integers(2**31 - 1))
@@ -170,7 +170,7 @@ def _ask(m: Mutator, parts: Sequence[Scaffold | PublicText]) -> tuple[str | None
     return raw, None, seed
 
 
-def _accept_instruction(m: Mutator, raw: str, parent_instruction: str, room: int,
+def _accept_instruction(m: MutationEngine, raw: str, parent_instruction: str, room: int,
                         inputs: Sequence[str] = ()) -> tuple[str | None, str]:
     """The usable instruction in ``raw`` and "ok", or None and why it was rejected."""
     text = dedupe_sentences(extract_prompt(raw))  # small models often loop on one sentence

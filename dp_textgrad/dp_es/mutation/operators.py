@@ -39,13 +39,13 @@ from dp_textgrad.dp_es.population import Candidate, normalise_text
 from dp_textgrad.privacy.data import PublicText
 
 if TYPE_CHECKING:
-    from dp_textgrad.dp_es.mutation.mutator import Mutator
+    from dp_textgrad.dp_es.mutation.mutation_engine import MutationEngine
 
-OperatorFn = Callable[["Mutator", Candidate, Sequence[Candidate], Sequence[PublicText]], "Edit | None"]
+OperatorFn = Callable[["MutationEngine", Candidate, Sequence[Candidate], Sequence[PublicText]], "Edit | None"]
 
 
 # -- sentence edits -------------------------------------------------------------------
-SentenceEdit = Callable[["Mutator", list[str]], "tuple[list[str], dict[str, Any]] | None"]
+SentenceEdit = Callable[["MutationEngine", list[str]], "tuple[list[str], dict[str, Any]] | None"]
 
 
 def instruction_edit(name: str) -> Callable[[SentenceEdit], OperatorFn]:
@@ -55,7 +55,7 @@ def instruction_edit(name: str) -> Callable[[SentenceEdit], OperatorFn]:
     sentences and the operator metadata (or None); the primary's demos are kept.
     """
     def wrap(edit: SentenceEdit) -> OperatorFn:
-        def run(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+        def run(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
                 feedback: Sequence[PublicText]) -> Edit | None:
             layout = m.layout(primary)
             edited = edit(m, split_sentences(layout.instruction))
@@ -69,7 +69,7 @@ def instruction_edit(name: str) -> Callable[[SentenceEdit], OperatorFn]:
 
 
 @instruction_edit("reorder_sentences")
-def reorder_sentences(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
+def reorder_sentences(m: MutationEngine, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
     if len(sentences) < 2:
         return None
     src = int(m.rng.integers(len(sentences)))
@@ -79,7 +79,7 @@ def reorder_sentences(m: Mutator, sentences: list[str]) -> tuple[list[str], dict
 
 
 @instruction_edit("drop_sentence")
-def drop_sentence(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
+def drop_sentence(m: MutationEngine, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
     if len(sentences) < 2:
         return None
     index = int(m.rng.integers(len(sentences)))
@@ -88,7 +88,7 @@ def drop_sentence(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str
 
 
 @instruction_edit("insert_phrase")
-def insert_phrase(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
+def insert_phrase(m: MutationEngine, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
     """A phrase-bank sentence the instruction does not have yet, at a random position."""
     present = {normalise_text(s) for s in sentences}
     options = [p for p in m.phrases if normalise_text(p) not in present]
@@ -101,7 +101,7 @@ def insert_phrase(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str
 
 
 @instruction_edit("format_change")
-def format_change(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
+def format_change(m: MutationEngine, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
     """Replace the output-format sentences (if any) with another one: they are never stacked."""
     known = {normalise_text(f) for f in m.formats}
     current = [i for i, s in enumerate(sentences) if normalise_text(s) in known]
@@ -114,7 +114,7 @@ def format_change(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str
 
 
 @instruction_edit("verbaliser_hint")
-def verbaliser_hint(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
+def verbaliser_hint(m: MutationEngine, sentences: list[str]) -> tuple[list[str], dict[str, Any]] | None:
     """A hint listing the public labels in random order, replacing any earlier hint."""
     order = m.rng.permutation(len(m.labels))
     label_list = ", ".join(str(m.labels[i]) for i in order)
@@ -122,7 +122,7 @@ def verbaliser_hint(m: Mutator, sentences: list[str]) -> tuple[list[str], dict[s
     return [s for s in sentences if not is_verbaliser_hint(s)] + [hint], {"hint": hint}
 
 
-def sentence_crossover(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+def sentence_crossover(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
                        feedback: Sequence[PublicText]) -> Edit | None:
     partner = partners[int(m.rng.integers(len(partners)))]
     a, b = m.layout(primary), m.layout(partner)
@@ -146,13 +146,13 @@ def sentence_crossover(m: Mutator, primary: Candidate, partners: Sequence[Candid
 
 
 # -- demo edits -----------------------------------------------------------------------
-def _demo_edit(m: Mutator, primary: Candidate, name: str, layout: PromptLayout, demos: list[str],
+def _demo_edit(m: MutationEngine, primary: Candidate, name: str, layout: PromptLayout, demos: list[str],
                pick: PublicText, index: int) -> Edit | None:
     meta = {"demo_pool_index": m.demo_pool.index(pick), "position": index, "demo_source": pick.source}
     return m.finish(PromptLayout(layout.instruction, demos), primary, name, meta, pick.source == "unsafe")
 
 
-def demo_insert(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+def demo_insert(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
                 feedback: Sequence[PublicText]) -> Edit | None:
     layout = m.layout(primary)
     demos, unused = list(layout.demos), m.unused_demos(layout)
@@ -166,7 +166,7 @@ def demo_insert(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
     return _demo_edit(m, primary, "demo_insert", layout, demos, pick, index)
 
 
-def demo_swap(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+def demo_swap(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
               feedback: Sequence[PublicText]) -> Edit | None:
     layout = m.layout(primary)
     demos, unused = list(layout.demos), m.unused_demos(layout)
@@ -178,7 +178,7 @@ def demo_swap(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
     return _demo_edit(m, primary, "demo_swap", layout, demos, pick, index)
 
 
-def demo_remove(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+def demo_remove(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
                 feedback: Sequence[PublicText]) -> Edit | None:
     layout = m.layout(primary)
     demos = list(layout.demos)
@@ -189,7 +189,7 @@ def demo_remove(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
     return m.finish(PromptLayout(layout.instruction, demos), primary, "demo_remove", {"removed_index": index})
 
 
-def demo_set(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
+def demo_set(m: MutationEngine, primary: Candidate, partners: Sequence[Candidate],
              feedback: Sequence[PublicText]) -> Edit | None:
     """Replace the demonstrations with a balanced set: the same number per label, shuffled.
 
@@ -217,11 +217,11 @@ def demo_set(m: Mutator, primary: Candidate, partners: Sequence[Candidate],
 
 
 # -- the registry ---------------------------------------------------------------------
-def _always(m: Mutator, layout: PromptLayout) -> bool:
+def _always(m: MutationEngine, layout: PromptLayout) -> bool:
     return True
 
 
-def _two_sentences(m: Mutator, layout: PromptLayout) -> bool:
+def _two_sentences(m: MutationEngine, layout: PromptLayout) -> bool:
     return len(split_sentences(layout.instruction)) >= 2
 
 
@@ -235,7 +235,7 @@ class Operator:
 
     run: OperatorFn
     weight: float
-    applies: Callable[[Mutator, PromptLayout], bool] = _always
+    applies: Callable[[MutationEngine, PromptLayout], bool] = _always
     uses_llm: bool = False
     needs_partner: bool = False
 

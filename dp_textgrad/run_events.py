@@ -36,7 +36,7 @@ def start_event(optimizer: Any, *, resumed: bool) -> dict[str, Any]:
 
 
 def lifetime_event(status: Any) -> dict[str, Any]:
-    """The dataset's lifetime budget (``dp_textgrad.lifetime.LifetimeStatus``), before any charge."""
+    """The dataset's lifetime budget (``dp_textgrad.lifetime_link.LifetimeStatus``), before any charge."""
     return _released("events", {
         "event": "lifetime", "lifetime_epsilon": status.before.epsilon,
         "lifetime_epsilon_with_plan": status.with_plan, "lifetime_accountant": status.before.accountant,

@@ -1,4 +1,4 @@
-"""The Mutator: makes children of candidate prompts from public information only.
+"""The MutationEngine: makes children of candidate prompts from public information only.
 
 It validates its inputs at the barrier (public text, public examples, DP feedback;
 raw private examples only in ``mode="unsafe"``), draws an operator by weight from
@@ -56,7 +56,7 @@ def _default_render_demo(example: Example) -> str:
     return f"Text: {example.text}\nLabel: {example.label}"
 
 
-class Mutator:
+class MutationEngine:
     """Makes children from parents using only public information.
 
     ``task_description`` must be PublicText; ``labels`` are the public label names;
