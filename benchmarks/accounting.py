@@ -129,7 +129,7 @@ from dp_textgrad.privacy.accounting import (  # noqa: E402
 )
 from dp_textgrad.dp_es.config import DPESConfig  # noqa: E402
 from dp_textgrad.dp_es.plan import RunPlan  # noqa: E402
-from dp_textgrad.privacy.accounting.events import _group_events  # noqa: E402
+from dp_textgrad.privacy.accounting.events import group_events  # noqa: E402
 from dp_textgrad.privacy.mechanisms import selection_mechanism  # noqa: E402
 from tests.exact_pure_dp import exact_epsilon as exact_pure_epsilon  # noqa: E402
 from dp_textgrad._io import atomic_write_text  # noqa: E402
@@ -455,7 +455,7 @@ def run_pure_row(row: PureRow) -> dict[str, Any]:
     calibration_seconds = time.perf_counter() - started if row.budget is not None else None
     epsilon0 = float(plan.value)
     generation = selection_mechanism(row.selection, epsilon0, row.picks, 1.0).event(row.q)
-    if _group_events([plan.event]) != _group_events([dp_accounting.SelfComposedDpEvent(generation, row.generations)]):
+    if group_events([plan.event]) != group_events([dp_accounting.SelfComposedDpEvent(generation, row.generations)]):
         raise RuntimeError(f"pure row {row.name}: the plan's event is not {row.generations} x {generation!r}")
     bounds = PrivacyLedger(epsilon_budget=1e6, delta=row.delta).bounds_with(plan.event)
     printed_by = min(bounds, key=lambda name: bounds[name])

@@ -22,8 +22,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
 
-from dp_textgrad.audit.mechanism_loop import audit_controller_loop  # noqa: E402
-from dp_textgrad.audit.mechanism_scorer import audit_scorer  # noqa: E402
+from dp_textgrad.audit import audit_controller_loop, audit_scorer  # noqa: E402
 from dp_textgrad.dp_es import scorer as scorer_module  # noqa: E402
 from dp_textgrad.dp_es import scoring_backends as scoring_module  # noqa: E402
 from dp_textgrad.privacy import mechanisms  # noqa: E402

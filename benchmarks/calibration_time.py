@@ -46,7 +46,7 @@ def time_one(selection: str, epsilon: float) -> dict:
     from dp_textgrad.dp_es.config import DPESConfig
     from dp_textgrad.dp_es.plan import RunPlan
     from dp_textgrad.privacy.accounting import default_accountants
-    from dp_textgrad.privacy.accounting.bounds import _all_bounds
+    from dp_textgrad.privacy.accounting.bounds import all_bounds
 
     extra = {} if selection == "gaussian" else {"selection": selection, "feedback": "none"}
     config = DPESConfig(epsilon=epsilon, **SCHEDULE, **extra)
@@ -54,7 +54,7 @@ def time_one(selection: str, epsilon: float) -> dict:
     started = time.perf_counter()
     plan = RunPlan.calibrated(config)
     seconds = time.perf_counter() - started
-    bounds = _all_bounds(default_accountants(), [plan.event], SCHEDULE["delta"])
+    bounds = all_bounds(default_accountants(), [plan.event], SCHEDULE["delta"])
     spent = min(bounds.values())
     return {"selection": selection, "epsilon": epsilon, "value": plan.value, "seconds": round(seconds, 3),
             "spent": spent, "used_share": spent / epsilon, "bound": min(bounds, key=bounds.__getitem__),

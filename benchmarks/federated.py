@@ -87,8 +87,7 @@ def build_task(regime: str, data_dir: str | None):
 
 def one_run(task, engine, regime: str, alpha: float, epsilon: float, config: str, seed: int,
             accuracy: dict[str, float]) -> dict[str, Any]:
-    from dp_textgrad import DPEvolutionStrategy
-    from dp_textgrad._textgrad import import_textgrad
+    from dp_textgrad import DPEvolutionStrategy, textgrad
     from dp_textgrad.federated import FederatedScoring, InProcessSilos, RemoteRecords, Silo
     from dp_textgrad.federated.split import dirichlet_label_split, label_mix
     from dp_textgrad.privacy.data import PrivateDataset
@@ -106,7 +105,7 @@ def one_run(task, engine, regime: str, alpha: float, epsilon: float, config: str
                  for i, p in enumerate(parts)]
         backend = FederatedScoring(InProcessSilos(silos), [s.size for s in silos], placement, **options)
         coordinator_task, scoring = dataclasses.replace(task, private_train=RemoteRecords(n)), lambda *_: backend
-    tg = import_textgrad()
+    tg = textgrad()
     prompt = tg.Variable(task.seed_prompt, role_description="instruction prompt for the classifier", requires_grad=True)
     started = time.perf_counter()
     optimizer = DPEvolutionStrategy([prompt], task=coordinator_task, engine=engine, scoring=scoring,

@@ -219,10 +219,9 @@ def _usage_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
 
 
 def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
-    from dp_textgrad import DPEvolutionStrategy
-    from dp_textgrad._textgrad import import_textgrad
+    from dp_textgrad import DPEvolutionStrategy, textgrad
 
-    tg = import_textgrad()
+    tg = textgrad()
     n = len(task.private_train)
     settings: dict[str, Any] = dict(generations=schedule.generations, population=schedule.population,
                                     parents=schedule.parents, sampling_rate=min(1.0, schedule.records / n),
@@ -281,10 +280,10 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
 
 def run_tgd(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
     """TextGrad's TextualGradientDescent with raw feedback on raw private records (NOT private)."""
-    from dp_textgrad._textgrad import import_textgrad
+    from dp_textgrad import textgrad
     from dp_textgrad.engines.base import EngineError
 
-    tg = import_textgrad()
+    tg = textgrad()
     rng = np.random.default_rng(job.seed)
     private = [task.private_train[i].unwrap() for i in range(len(task.private_train))]  # a non-private baseline
     names = {label: task.verbalizers[label].strip() for label in task.labels}

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import functools
 import json
 import os
 import platform
@@ -37,7 +36,7 @@ import numpy as np  # noqa: E402
 import ray  # noqa: E402
 
 from dp_textgrad.distributed import RayScoringPool  # noqa: E402
-from dp_textgrad.engines.registry import build_engine  # noqa: E402
+from dp_textgrad.settings import DistributedSection, EngineSection  # noqa: E402
 from dp_textgrad.tasks.base import ClassificationTask  # noqa: E402
 from dp_textgrad.tasks.synthetic import make_support_task  # noqa: E402
 from tests.servers import FaultServer  # noqa: E402
@@ -65,8 +64,8 @@ def measure(pool: RayScoringPool, task: ClassificationTask, repeats: int = 2) ->
 def local_section(task: ClassificationTask) -> dict:
     rows = {}
     for actors, threads in ((1, 1), (1, 2), (2, 1)):
-        factory = functools.partial(build_engine, "llama_cpp", n_threads=threads, n_ctx=512)
-        rows[f"{actors} actor(s) x {threads} thread(s)"] = measure(RayScoringPool(factory, actors=actors), task)
+        engine = EngineSection(kind="llama_cpp", options={"n_threads": threads, "n_ctx": 512})
+        rows[f"{actors} actor(s) x {threads} thread(s)"] = measure(DistributedSection(actors=actors).build(engine), task)
         print("local", actors, threads, rows[f"{actors} actor(s) x {threads} thread(s)"], flush=True)
     base = rows["1 actor(s) x 1 thread(s)"]["records_per_s"]
     both = rows["1 actor(s) x 2 thread(s)"]["records_per_s"]
@@ -78,10 +77,10 @@ def local_section(task: ClassificationTask) -> dict:
 def latency_section(task: ClassificationTask, latency: float) -> dict:
     rows = {}
     with FaultServer(latency=latency) as server:
-        factory = functools.partial(build_engine, "openai", model="fake-model", base_url=server.base_url,
-                                    mode="completions", max_concurrency=1, max_retries=0, timeout=60)
+        engine = EngineSection(kind="openai", model="fake-model", base_url=server.base_url, mode="completions",
+                               options={"max_concurrency": 1, "max_retries": 0, "timeout": 60})
         for actors in (1, 2, 4, 8, 16):
-            rows[actors] = measure(RayScoringPool(factory, actors=actors), task)
+            rows[actors] = measure(DistributedSection(actors=actors).build(engine), task)
             print("latency", actors, rows[actors], flush=True)
     base = rows[1]["records_per_s"]
     for actors, row in rows.items():

@@ -86,7 +86,7 @@ def prefixes_part(args, make_engine) -> dict | None:
 
 def one_decode_per_choice(engine, prefix: str, suffixes: list[str], choices: list[str]) -> np.ndarray:
     """The previous method: per record and multi-token choice, truncate to the record and decode the choice."""
-    from dp_textgrad.engines.llama_support import _pick_logprobs
+    from dp_textgrad.engines.llama_support import pick_logprobs
 
     with engine._lock:
         prefix_ids = tuple(engine._tokenize(prefix, True))
@@ -95,13 +95,13 @@ def one_decode_per_choice(engine, prefix: str, suffixes: list[str], choices: lis
         out = np.empty((len(suffixes), len(choices)))
         for i, suffix in enumerate(suffixes):
             suffix_ids = tuple(engine._tokenize(suffix, False))
-            out[i] = _pick_logprobs(engine._position_at(prefix_ids, suffix_ids), first)
+            out[i] = pick_logprobs(engine._position_at(prefix_ids, suffix_ids), first)
             for j, ids in enumerate(choice_ids):
                 if len(ids) > 1:
                     engine._truncate(len(prefix_ids) + len(suffix_ids))
 
                     def add(k: int, row: np.ndarray, j: int = j, ids: list[int] = ids) -> None:
-                        out[i, j] += float(_pick_logprobs(row, np.array([ids[k + 1]]))[0])
+                        out[i, j] += float(pick_logprobs(row, np.array([ids[k + 1]]))[0])
 
                     engine._decode(ids[:-1], on_row=add)
             engine._truncate(len(prefix_ids) + len(suffix_ids))

@@ -21,6 +21,7 @@ from typing import Any
 MODULES = (
     "dp_textgrad",
     "dp_textgrad.front",
+    "dp_textgrad.run_events",
     "dp_textgrad.dp_es.config",
     "dp_textgrad.dp_es.optimizer",
     "dp_textgrad.dp_es.plan",
@@ -35,6 +36,8 @@ MODULES = (
     "dp_textgrad.dp_es.scoring_backends",
     "dp_textgrad.dp_es.selector",
     "dp_textgrad.dp_es.population",
+    "dp_textgrad.dp_es.generation",
+    "dp_textgrad.dp_es.mutation",
     "dp_textgrad.workflow",
     "dp_textgrad.tasks.base",
     "dp_textgrad.tasks.synthetic",
@@ -44,7 +47,10 @@ MODULES = (
     "dp_textgrad.engines.llama_cpp",
     "dp_textgrad.engines.openai_engine",
     "dp_textgrad.federated",
+    "dp_textgrad.audit",
 )
+# Packages whose names are re-exports: each name is listed with the module that defines it.
+REEXPORTING = ("dp_textgrad", "dp_textgrad.audit", "dp_textgrad.dp_es.mutation")
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "api.md"
 
@@ -141,12 +147,15 @@ def render() -> str:
         for name in _public_names(module):
             value = getattr(module, name)
             qualified = name
-            if module_name == "dp_textgrad":
-                # The top-level names are re-exports: list where each is documented.
-                if getattr(value, "__module__", None) == "dp_textgrad":  # defined there: its summary
+            if module_name in REEXPORTING:
+                # Re-exported names: list where each is defined.
+                home = getattr(value, "__module__", None)
+                if home == module_name:  # defined there: its summary
                     lines.append(f"- `{name}{_signature(value)}`: {_doc(value).splitlines()[0]}")
+                elif home is None:  # a constant: its value
+                    lines.append(f"- `{name}` = `{_ADDRESS.sub('', repr(value))}`")
                 else:
-                    lines.append(f"- `{name}`: from `{getattr(value, '__module__', '?')}`")
+                    lines.append(f"- `{name}`: from `{home}`")
                 continue
             if inspect.isclass(value):
                 _render_class(qualified, value, lines)
@@ -154,7 +163,7 @@ def render() -> str:
                 lines += [f"### `{qualified}{_signature(value)}`", "", _doc(value), ""]
             else:
                 lines += [f"### `{qualified}`", "", f"`{_ADDRESS.sub('', repr(value))}`", ""]
-        if module_name == "dp_textgrad":
+        if module_name in REEXPORTING:
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

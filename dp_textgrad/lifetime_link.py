@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from dp_textgrad.privacy.accounting.lifetime import (
-    STORE_NAME,
     LifetimeBudget,
     LifetimeCapExceeded,
     LifetimeTotal,
@@ -53,9 +52,10 @@ class LifetimeOptions:
             return Path(self.store)
         # Beside the runs, in the operator-only folder: it holds a keyed fingerprint of the
         # private data and when each run charged (never part of what a run releases).
-        from dp_textgrad.runs import operator_dir
+        from dp_textgrad.runs import lifetime_store, operator_dir
 
-        return operator_dir(runs_root) / STORE_NAME
+        operator_dir(runs_root)  # created with its do-not-share README
+        return lifetime_store(runs_root)
 
 
 @dataclass(frozen=True)
@@ -63,38 +63,57 @@ class LifetimeStatus:
     """What the console shows before a run starts (operator-facing, before any charge)."""
 
     store: Path
-    before: LifetimeTotal        # every earlier charge on this dataset, at its lifetime delta
-    with_plan: float             # lifetime epsilon (tightest bound) if this run spends its whole plan
+    before: LifetimeTotal  # every earlier charge on this dataset, at its lifetime delta
+    with_plan: float  # lifetime epsilon (tightest bound) if this run spends its whole plan
     cap: float | None
     overridden: bool
-    adopted: int                 # charges recovered from the store into the run's ledger (resume)
-    dataset_key: str | None = None   # the owner's name of the dataset (public); None: the fingerprint
-    with_plan_filter: float = 0.0    # the filter bound with the whole plan: what the cap is checked against
-    run_delta: float | None = None   # this run's own delta
+    adopted: int  # charges recovered from the store into the run's ledger (resume)
+    dataset_key: str | None = None  # the owner's name of the dataset (public); None: the fingerprint
+    with_plan_filter: float = 0.0  # the filter bound with the whole plan: what the cap is checked against
+    run_delta: float | None = None  # this run's own delta
     resumed: bool = False
 
     def charges_what(self) -> str:
         """Which lifetime this run charges (a declared key is public; a fingerprint is never shown)."""
         if self.dataset_key is not None:
             return f"dataset key {self.dataset_key!r}"
-        return ("the records' fingerprint (no output.dataset_key: another version of the data, one record "
-                "more or fewer, is another dataset)")
+        return (
+            "the records' fingerprint (no output.dataset_key: another version of the data, one record "
+            "more or fewer, is another dataset)"
+        )
 
     def describe(self) -> str:
         earlier = self.before.runs - (1 if self.resumed else 0)  # a resumed run's own row is in ``before``
-        spent = "no earlier charges" if not self.before.charges else (
-            f"epsilon {self.before.epsilon:.4g} spent in {self.before.charges} charge(s) "
-            f"({self.before.accountant}; filter bound {self.before.filter_epsilon:.4g})")
-        cap = "no lifetime cap set (output.lifetime_cap)" if self.cap is None else (
-            f"cap {self.cap:g} on the filter bound, after this run at most {self.with_plan_filter:.4g}"
-            + (" OVERRIDDEN for this run (recorded in the ledger)" if self.overridden else ""))
+        spent = (
+            "no earlier charges"
+            if not self.before.charges
+            else (
+                f"epsilon {self.before.epsilon:.4g} spent in {self.before.charges} charge(s) "
+                f"({self.before.accountant}; filter bound {self.before.filter_epsilon:.4g})"
+            )
+        )
+        cap = (
+            "no lifetime cap set (output.lifetime_cap)"
+            if self.cap is None
+            else (
+                f"cap {self.cap:g} on the filter bound, after this run at most {self.with_plan_filter:.4g}"
+                + (" OVERRIDDEN for this run (recorded in the ledger)" if self.overridden else "")
+            )
+        )
         unsafe = f"; {self.before.unsafe_runs} earlier run(s) were not private" if self.before.unsafe_runs else ""
-        larger = "" if self.run_delta is None or self.run_delta <= self.before.delta else (
-            f"; this run's delta {self.run_delta:g} is larger than the lifetime delta: its charges count at "
-            f"{self.before.delta:g}")
-        return (f"charging {self.charges_what()}; lifetime delta {self.before.delta:g}; this dataset so far: "
-                f"{spent}{unsafe}; after this run at most {self.with_plan:.4g}; {cap}{larger} "
-                f"[store {self.store}; {max(earlier, 0)} other run(s)]")
+        larger = (
+            ""
+            if self.run_delta is None or self.run_delta <= self.before.delta
+            else (
+                f"; this run's delta {self.run_delta:g} is larger than the lifetime delta: its charges count at "
+                f"{self.before.delta:g}"
+            )
+        )
+        return (
+            f"charging {self.charges_what()}; lifetime delta {self.before.delta:g}; this dataset so far: "
+            f"{spent}{unsafe}; after this run at most {self.with_plan:.4g}; {cap}{larger} "
+            f"[store {self.store}; {max(earlier, 0)} other run(s)]"
+        )
 
 
 @dataclass
@@ -102,29 +121,46 @@ class LifetimeLink:
     """A run registered in the store with its ledger's charges going there first (under the cap)."""
 
     store: LifetimeBudget
-    dataset: str          # the store's key: a declared name or the records' fingerprint
-    delta: float          # the dataset's lifetime delta
+    dataset: str  # the store's key: a declared name or the records' fingerprint
+    delta: float  # the dataset's lifetime delta
     run_id: str
     ledger: Any
 
 
-def _link(ledger: Any, task: Any, options: LifetimeOptions, *, runs_root: str | Path, run_id: str,
-          label: str) -> LifetimeLink:
+def _link(
+    ledger: Any, task: Any, options: LifetimeOptions, *, runs_root: str | Path, run_id: str, label: str
+) -> LifetimeLink:
     """Register the run (fixing or checking the lifetime delta) and send every charge to the store first."""
     store = LifetimeBudget(options.store_path(runs_root))
     if options.dataset_key is not None:
         dataset = store.declared_key(options.dataset_key)
     else:
         dataset = store.fingerprint(task.private_train)
-    delta = store.open_run(run_id, dataset, label=label, epsilon_budget=ledger.epsilon_budget, delta=ledger.delta,
-                           cap=options.cap, cap_overridden=options.override_cap, lifetime_delta=options.delta)
+    delta = store.open_run(
+        run_id,
+        dataset,
+        label=label,
+        epsilon_budget=ledger.epsilon_budget,
+        delta=ledger.delta,
+        cap=options.cap,
+        cap_overridden=options.override_cap,
+        lifetime_delta=options.delta,
+    )
     ledger.set_lifetime(options.cap, options.override_cap)
     ledger.add_charge_hook(lambda entry: store.record(run_id, entry.to_dict(), cap=options.cap))
     return LifetimeLink(store, dataset, delta, run_id, ledger)
 
 
-def link_before_count(config: Any, task: Any, options: LifetimeOptions, *, runs_root: str | Path, run_id: str,
-                      label: str, ledger: Any = None) -> LifetimeLink | None:
+def link_before_count(
+    config: Any,
+    task: Any,
+    options: LifetimeOptions,
+    *,
+    runs_root: str | Path,
+    run_id: str,
+    label: str,
+    ledger: Any = None,
+) -> LifetimeLink | None:
     """For a fresh run that counts N first: the ledger of that count, already linked to the store.
 
     The DP count of N (``dp_es.size_count``) is a charge like any other: it must pass the
@@ -144,8 +180,17 @@ def link_before_count(config: Any, task: Any, options: LifetimeOptions, *, runs_
     return _link(ledger, task, options, runs_root=runs_root, run_id=run_id, label=label)
 
 
-def attach(optimizer: Any, task: Any, options: LifetimeOptions, *, runs_root: str | Path, run_id: str,
-           label: str, resume: bool, link: LifetimeLink | None = None) -> LifetimeStatus | None:
+def attach(
+    optimizer: Any,
+    task: Any,
+    options: LifetimeOptions,
+    *,
+    runs_root: str | Path,
+    run_id: str,
+    label: str,
+    resume: bool,
+    link: LifetimeLink | None = None,
+) -> LifetimeStatus | None:
     """Link ``optimizer``'s ledger to the store; raise :class:`LifetimeCapExceeded` before any search charge.
 
     ``link``: from :func:`link_before_count`, when the ledger was linked before the optimizer
@@ -173,18 +218,31 @@ def attach(optimizer: Any, task: Any, options: LifetimeOptions, *, runs_root: st
     projected = store.total(dataset, delta, extra=[remaining] if remaining is not None else [])
     # The filter bound decides (valid over adaptively chosen runs); the tightest total is information.
     if options.cap is not None and projected.filter_epsilon > options.cap and not options.override_cap:
-        charged = ("only this run's DP count of N was charged (it ran first)" if ledger.entries and not resume
-                   else "nothing was charged")
+        charged = (
+            "only this run's DP count of N was charged (it ran first)"
+            if ledger.entries and not resume
+            else "nothing was charged"
+        )
         raise LifetimeCapExceeded(projected.filter_epsilon, options.cap, delta, "this run's plan", charged=charged)
     if ledger.unsafe:
         store.mark_unsafe(run_id)
-    return LifetimeStatus(store.path, before, projected.epsilon, options.cap, options.override_cap, adopted,
-                          dataset_key=store.declared_name(dataset), with_plan_filter=projected.filter_epsilon,
-                          run_delta=ledger.delta, resumed=resume)
+    return LifetimeStatus(
+        store.path,
+        before,
+        projected.epsilon,
+        options.cap,
+        options.override_cap,
+        adopted,
+        dataset_key=store.declared_name(dataset),
+        with_plan_filter=projected.filter_epsilon,
+        run_delta=ledger.delta,
+        resumed=resume,
+    )
 
 
-def describe_dataset(store: LifetimeBudget, dataset: str, number: int | None = None,
-                     delta: float | None = None) -> list[str]:
+def describe_dataset(
+    store: LifetimeBudget, dataset: str, number: int | None = None, delta: float | None = None
+) -> list[str]:
     """Lines for ``dp-textgrad ledger``: a dataset's runs and the composed epsilon of all their charges.
 
     ``delta`` None: the dataset's lifetime delta (where its cap is checked); another delta
@@ -204,17 +262,22 @@ def describe_dataset(store: LifetimeBudget, dataset: str, number: int | None = N
     what = f"dataset key {declared!r}" if declared is not None else f"{rows[0].label}, by fingerprint"
     lines = [f"{name} ({what}): {len(rows)} run(s), {total.charges} charge(s), lifetime delta {lifetime_delta:g}"]
     for r in rows:
-        when = dt.datetime.fromtimestamp(r.started, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        when = dt.datetime.fromtimestamp(r.started, dt.UTC).strftime("%Y-%m-%d %H:%M")
         flags = (" NOT PRIVATE" if r.unsafe else "") + (" cap overridden" if r.cap_overridden else "")
-        lines.append(f"  {r.run_id}  {when} UTC  budget eps {r.epsilon_budget:g} delta {r.delta:g}  "
-                     f"{r.charges} charge(s){flags}")
+        lines.append(
+            f"  {r.run_id}  {when} UTC  budget eps {r.epsilon_budget:g} delta {r.delta:g}  {r.charges} charge(s){flags}"
+        )
     by = ", ".join(f"{k} {v:.4g}" for k, v in sorted(total.by_accountant.items()) if math.isfinite(v))
     shown = "inf (a run was not private)" if total.unsafe_runs else f"{total.epsilon:.4g}"
     bound = "inf" if total.unsafe_runs else f"{filtered.filter_epsilon:.4g}"
-    lines.append(f"  lifetime epsilon {shown} at delta {at:g}: all charges composed, smallest valid bound "
-                 f"({total.accountant}); {by}")
-    lines.append(f"  filter bound {bound} at the lifetime delta {lifetime_delta:g} (Renyi filter: what a "
-                 "lifetime cap is checked against)")
+    lines.append(
+        f"  lifetime epsilon {shown} at delta {at:g}: all charges composed, smallest valid bound "
+        f"({total.accountant}); {by}"
+    )
+    lines.append(
+        f"  filter bound {bound} at the lifetime delta {lifetime_delta:g} (Renyi filter: what a "
+        "lifetime cap is checked against)"
+    )
     return lines
 
 

@@ -2,8 +2,13 @@
 
 ``runs/<id>/`` holds the configuration, the ledger, checkpoints, per-generation noisy
 metrics, the released prompt and the report (plus ``audit.json`` after an end-to-end
-canary audit, see :mod:`dp_textgrad.audit.end_to_end`). Nothing in it holds raw private
+canary audit, see :mod:`dp_textgrad.audit.end_to_end`, and the federation's files after a
+federated run, see :mod:`dp_textgrad.federated.run`). Nothing in it holds raw private
 text unless the run was in unsafe mode (and then the report says so at the top).
+
+Every file name written into a run directory or the runs root is a ``*_NAME`` (folders:
+``*_DIR``) constant of this module; code elsewhere reaches them through :class:`RunDir`
+or these constants, never by spelling them (``tests/test_architecture.py`` checks).
 
 Every structured file goes through :mod:`dp_textgrad.privacy.release`: its released part is
 written here, its operator-only part under ``operator/`` (real private-phase usage and
@@ -16,6 +21,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import secrets
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -24,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from dp_textgrad import __version__, _io
-
 from dp_textgrad.privacy import release
 
+# The runs root: the run log, and (under operator/) the lifetime store of every dataset's budget.
 RUN_LOG_NAME = "run_metadata.jsonl"
+LIFETIME_STORE_NAME = "lifetime_budget.sqlite"  # under <runs_root>/operator/ unless output.lifetime_store says
+# A run directory.
 CONFIG_NAME = "config.json"
 CHECKPOINT_NAME = "checkpoint.json"
 LEDGER_NAME = "ledger.jsonl"
@@ -37,11 +45,26 @@ PROMPT_NAME = "released_prompt.txt"
 REPORT_NAME = "report.md"
 REPORT_HTML_NAME = "report.html"
 PLOTS_DIR = "plots"
+ACCURACY_PLOT_NAME = "accuracy.png"  # under plots/, as the four below
+EPSILON_PLOT_NAME = "epsilon.png"
+SCORES_PLOT_NAME = "scores.png"
+LINEAGE_PLOT_NAME = "lineage.png"
+AUDIT_ROC_PLOT_NAME = "audit_roc.png"
 AUDIT_NAME = "audit.json"
 CLI_SETTINGS_NAME = "cli_settings.json"
+# A federated run's directory, besides the files above (docs/federated.md).
+FEDERATION_NAME = "federation.json"  # placement, public silo sizes, guarantee per adversary
+FEDERATION_SETTINGS_NAME = "federation_settings.json"  # the settings it started with (what --resume reads)
+SILO_COUNTS_NAME = "silo_counts.json"  # each silo's public size: declared, or its DP count
+SECURE_SUM_COUPLING_NAME = "secure_sum_coupling.json"  # the fixed-point sums' coupling error so far (public)
+SILO_ACCOUNTS_DIR = "silo_accounts"  # each silo's own account (default place)
+# operator/: what is never shared.
 OPERATOR_DIR = "operator"
-RELEASES_DIR = "releases"        # under operator/: the write-ahead journal of releases, one file per charge
-RUN_SECRET_NAME = "run_secret"   # under operator/: the seed of every charge's subsample (never released)
+OPERATOR_README_NAME = "README.txt"
+RELEASES_DIR = "releases"  # under operator/: the write-ahead journal of releases, one file per charge
+RUN_SECRET_NAME = "run_secret"  # under operator/: the seed of every charge's subsample (never released)
+ERRORS_LOG_NAME = "errors.log"  # under operator/: raw engine error text
+AUDIT_SECONDS_NAME = "audit_seconds.json"  # under operator/: an end-to-end audit's wall time
 OPERATOR_README = (
     "Operator-only values: derived from private data WITHOUT noise (real usage, tokens and wall time of\n"
     "the private scoring phase; raw engine error text). They are not covered by the run's (epsilon, delta)\n"
@@ -49,14 +72,14 @@ OPERATOR_README = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RunDir:
     """The paths of a run directory that runs and resumes use (every file name is a constant above)."""
 
     path: Path
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
+    def __init__(self, path: str | Path) -> None:
+        object.__setattr__(self, "path", Path(path))
 
     @property
     def ledger(self) -> Path:
@@ -83,13 +106,71 @@ class RunDir:
         return self.path / PROMPT_NAME
 
     @property
+    def report(self) -> Path:
+        return self.path / REPORT_NAME
+
+    @property
+    def report_html(self) -> Path:
+        return self.path / REPORT_HTML_NAME
+
+    @property
+    def plots(self) -> Path:
+        return self.path / PLOTS_DIR
+
+    @property
+    def audit(self) -> Path:
+        return self.path / AUDIT_NAME
+
+    @property
+    def cli_settings(self) -> Path:
+        return self.path / CLI_SETTINGS_NAME
+
+    @property
+    def federation(self) -> Path:
+        return self.path / FEDERATION_NAME
+
+    @property
+    def federation_settings(self) -> Path:
+        return self.path / FEDERATION_SETTINGS_NAME
+
+    @property
+    def silo_counts(self) -> Path:
+        return self.path / SILO_COUNTS_NAME
+
+    @property
+    def secure_sum_coupling(self) -> Path:
+        return self.path / SECURE_SUM_COUPLING_NAME
+
+    @property
+    def silo_accounts(self) -> Path:
+        """Where a federated run's silos keep their accounts unless ``federation.silo_accounts`` says."""
+        return self.path / SILO_ACCOUNTS_DIR
+
+    @property
+    def operator(self) -> Path:
+        """The operator-only folder (not created here: :func:`operator_dir` creates it with its README)."""
+        return self.path / OPERATOR_DIR
+
+    @property
     def releases(self) -> Path:
         """The journal of releases (operator-only): ``releases/<ledger index>.json``."""
-        return self.path / OPERATOR_DIR / RELEASES_DIR
+        return self.operator / RELEASES_DIR
+
+    def release(self, index: int) -> Path:
+        """The journal entry of the charge at ledger index ``index``."""
+        return self.releases / f"{index}.json"
 
     @property
     def run_secret(self) -> Path:
-        return self.path / OPERATOR_DIR / RUN_SECRET_NAME
+        return self.operator / RUN_SECRET_NAME
+
+    @property
+    def errors_log(self) -> Path:
+        return self.operator / ERRORS_LOG_NAME
+
+    @property
+    def audit_seconds(self) -> Path:
+        return self.operator / AUDIT_SECONDS_NAME
 
     def read_state(self) -> RunState:
         if not self.checkpoint.exists():
@@ -119,19 +200,22 @@ class RunDir:
 
     def missing_checkpoint_message(self) -> str:
         """Why ``--resume`` cannot continue a directory without a checkpoint, and what to do instead."""
-        if (self.path / CLI_SETTINGS_NAME).is_file():
-            again = (f"start it again with `dp-textgrad optimize` and the same settings (saved in "
-                     f"{self.path / CLI_SETTINGS_NAME})")
+        if self.cli_settings.is_file():
+            again = f"start it again with `dp-textgrad optimize` and the same settings (saved in {self.cli_settings})"
         elif self.config.is_file():
             again = f"start a new run with the same settings (saved in {self.config})"
         else:
             return f"resume: no {CHECKPOINT_NAME} in {self.path}; is this a run directory?"
         charged = self.charges_recorded()
         if charged == 0:  # a checkpoint is written before the first charge: without one, nothing was charged
-            return (f"resume: the run in {self.path} stopped before its first charge, so nothing was spent and "
-                    f"there is nothing to resume; {again}")
-        return (f"resume: the run in {self.path} stopped before its first checkpoint; its {charged} charge(s) stay "
-                f"in its ledger and there is nothing to resume; {again}")
+            return (
+                f"resume: the run in {self.path} stopped before its first charge, so nothing was spent and "
+                f"there is nothing to resume; {again}"
+            )
+        return (
+            f"resume: the run in {self.path} stopped before its first checkpoint; its {charged} charge(s) stay "
+            f"in its ledger and there is nothing to resume; {again}"
+        )
 
     def read_or_create_secret(self) -> tuple[bytes, bool]:
         """The run's secret (128 bits from ``secrets``, operator-only), and whether it existed
@@ -146,7 +230,7 @@ class RunDir:
     def trim_metrics(self, generations: int) -> None:
         """Keep the metrics lines of generations before ``generations`` (on resume: a line written
         for a generation whose checkpoint was not, is written again when it is replayed)."""
-        for path in (self.metrics, self.path / OPERATOR_DIR / METRICS_NAME):
+        for path in (self.metrics, self.operator / METRICS_NAME):
             if not path.is_file():
                 continue
             lines = list(_io.read_jsonl(path))
@@ -182,11 +266,19 @@ class RunState:
     interrupted_charges: int = 0  # charges of interrupted generations so far (spent, no result)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": CHECKPOINT_FORMAT, "generation": self.generation, "config": self.config,
-                "plan_value": self.plan_value, "population": self.population,
-                "public_rng_state": self.public_rng_state, "history": self.history,
-                "stopped_because": self.stopped_because, "variable_value": self.variable_value,
-                "charges": self.charges, "interrupted_charges": self.interrupted_charges}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "generation": self.generation,
+            "config": self.config,
+            "plan_value": self.plan_value,
+            "population": self.population,
+            "public_rng_state": self.public_rng_state,
+            "history": self.history,
+            "stopped_because": self.stopped_because,
+            "variable_value": self.variable_value,
+            "charges": self.charges,
+            "interrupted_charges": self.interrupted_charges,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunState:
@@ -197,14 +289,22 @@ class RunState:
         elif version == CHECKPOINT_FORMAT:
             value = data.get("plan_value")
         else:
-            raise ValueError(f"format: unsupported checkpoint format {version!r} (this version reads 1 and "
-                             f"{CHECKPOINT_FORMAT}); upgrade dp-textgrad")
-        return cls(generation=int(data["generation"]), config=dict(data["config"]),
-                   plan_value=None if value is None else float(value), population=dict(data["population"]),
-                   public_rng_state=dict(data["public_rng_state"]), history=list(data.get("history", [])),
-                   stopped_because=data.get("stopped_because"), variable_value=data.get("variable_value"),
-                   charges=None if data.get("charges") is None else int(data["charges"]),
-                   interrupted_charges=int(data.get("interrupted_charges") or 0))
+            raise ValueError(
+                f"format: unsupported checkpoint format {version!r} (this version reads 1 and "
+                f"{CHECKPOINT_FORMAT}); upgrade dp-textgrad"
+            )
+        return cls(
+            generation=int(data["generation"]),
+            config=dict(data["config"]),
+            plan_value=None if value is None else float(value),
+            population=dict(data["population"]),
+            public_rng_state=dict(data["public_rng_state"]),
+            history=list(data.get("history", [])),
+            stopped_because=data.get("stopped_because"),
+            variable_value=data.get("variable_value"),
+            charges=None if data.get("charges") is None else int(data["charges"]),
+            interrupted_charges=int(data.get("interrupted_charges") or 0),
+        )
 
 
 def new_run_dir(root: str | Path = "runs", prefix: str = "run") -> Path:
@@ -215,8 +315,10 @@ def new_run_dir(root: str | Path = "runs", prefix: str = "run") -> Path:
     except FileExistsError:
         raise
     except OSError as exc:
-        raise OSError(f"output.runs_root: cannot create a run directory in {root} ({exc.strerror or exc}); "
-                      "choose a writable --runs-root; nothing was charged") from None
+        raise OSError(
+            f"output.runs_root: cannot create a run directory in {root} ({exc.strerror or exc}); "
+            "choose a writable --runs-root; nothing was charged"
+        ) from None
     return path
 
 
@@ -229,8 +331,10 @@ def check_writable(directory: str | Path) -> None:
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
-        raise OSError(f"output: cannot write in {directory} ({exc.strerror or exc}); free space or choose another "
-                      "output.runs_root; nothing was charged") from None
+        raise OSError(
+            f"output: cannot write in {directory} ({exc.strerror or exc}); free space or choose another "
+            "output.runs_root; nothing was charged"
+        ) from None
     finally:
         try:
             probe.unlink()
@@ -244,7 +348,10 @@ def code_version() -> str:
     try:
         commit = subprocess.run(
             ["git", "-C", str(here), "describe", "--always", "--dirty"],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
@@ -260,17 +367,32 @@ def machine_summary() -> dict[str, Any]:
 
 
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def operator_dir(run_dir: str | Path) -> Path:
     """``<run_dir>/operator/``, created with its do-not-share README."""
     path = Path(run_dir) / OPERATOR_DIR
     path.mkdir(parents=True, exist_ok=True)
-    readme = path / "README.txt"
+    readme = path / OPERATOR_README_NAME
     if not readme.exists():
         _io.atomic_write_text(readme, OPERATOR_README)
     return path
+
+
+def lifetime_store(runs_root: str | Path) -> Path:
+    """The default lifetime store of the datasets run under ``runs_root`` (not created here)."""
+    return Path(runs_root) / OPERATOR_DIR / LIFETIME_STORE_NAME
+
+
+def silo_account_name(index: int, name: str) -> str:
+    """Silo ``index``'s account file name in its accounts folder (its public name, made safe for a file system)."""
+    return f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:64]}.json"
+
+
+def silo_account_lock(account: str | Path) -> Path:
+    """The lock file beside a silo's account file (one writer at a time)."""
+    return Path(f"{account}.lock")
 
 
 def write_released_json(run_dir: str | Path, name: str, channel: str, payload: dict[str, Any]) -> None:
@@ -281,8 +403,9 @@ def write_released_json(run_dir: str | Path, name: str, channel: str, payload: d
     _io.atomic_write_json(Path(run_dir) / name, public)
 
 
-def append_released_jsonl(run_dir: str | Path, name: str, channel: str, record: dict[str, Any],
-                          key: dict[str, Any] | None = None) -> None:
+def append_released_jsonl(
+    run_dir: str | Path, name: str, channel: str, record: dict[str, Any], key: dict[str, Any] | None = None
+) -> None:
     """Append ``record``'s released part to ``<run_dir>/<name>``; the operator-only part, with ``key``
     (public identifiers such as the generation), to ``operator/<name>``."""
     public, private = release.split(channel, record)
@@ -302,8 +425,9 @@ def append_operator_text(run_dir: str | Path, name: str, text: str) -> Path:
     return path
 
 
-def append_run_log(root: str | Path, record: dict[str, Any], run_dir: str | Path | None = None,
-                   channel: str = "run_log") -> Path:
+def append_run_log(
+    root: str | Path, record: dict[str, Any], run_dir: str | Path | None = None, channel: str = "run_log"
+) -> Path:
     """Append one JSON line to ``<root>/run_metadata.jsonl`` (safe under concurrent runs).
 
     Its operator-only fields go to ``<run_dir>/operator/run_metadata.jsonl`` instead (and

@@ -7,29 +7,38 @@ with the key's dotted path and a suggestion, before anything runs.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dp_textgrad.dp_es.config import DPESConfig
 
+if TYPE_CHECKING:  # the build methods import these when they run: reading settings stays cheap
+    from dp_textgrad.distributed import RayScoringPool
+    from dp_textgrad.engines.base import Engine
+    from dp_textgrad.tasks.base import ClassificationTask
 
-class _Section(BaseModel):
+
+class Section(BaseModel):
+    """A section of a run file: unknown keys are refused."""
+
     model_config = ConfigDict(extra="forbid")
 
 
 DEFAULT_FILE_SEED_PROMPT = "Read the text and name its label."
 
 
-class TaskSection(_Section):
+class TaskSection(Section):
     """Either a built-in task (``name``) or the user's files (``train`` + ``test``)."""
 
-    name: Optional[Literal["support", "sst2", "banking77"]] = Field(
-        None, description="built-in task; its builder's arguments go in `options`")
-    train: Optional[Path] = Field(None, description="private training file (.csv, .tsv or .jsonl)")
-    test: Optional[Path] = Field(None, description="test file (evaluation only; its labels define the classes)")
-    public: Optional[Path] = Field(None, description="public examples that may be shown to the LLM")
+    name: Literal["support", "sst2", "banking77"] | None = Field(
+        None, description="built-in task; its builder's arguments go in `options`"
+    )
+    train: Path | None = Field(None, description="private training file (.csv, .tsv or .jsonl)")
+    test: Path | None = Field(None, description="test file (evaluation only; its labels define the classes)")
+    public: Path | None = Field(None, description="public examples that may be shown to the LLM")
     text_column: str = "text"
     label_column: str = "label"
     encoding: str = Field("utf-8-sig", description="text encoding of the files (e.g. latin-1)")
@@ -44,15 +53,17 @@ class TaskSection(_Section):
         except LookupError:
             raise ValueError(f"unknown encoding {value!r}; use a Python codec name such as utf-8 or latin-1") from None
         return value
-    labels: Optional[list[str]] = Field(None, description="the classes (default: the labels of the test file)")
+
+    labels: list[str] | None = Field(None, description="the classes (default: the labels of the test file)")
     description: str = Field("", description="public description of the task, shown to the mutation LLM")
-    record_template: Optional[str] = Field(None, description="how a record is shown, with {text}")
-    seed_prompt: Optional[str] = Field(None, description="the prompt evolution starts from "
-                                       f"(files: default {DEFAULT_FILE_SEED_PROMPT!r})")
+    record_template: str | None = Field(None, description="how a record is shown, with {text}")
+    seed_prompt: str | None = Field(
+        None, description=f"the prompt evolution starts from (files: default {DEFAULT_FILE_SEED_PROMPT!r})"
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the task builder")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "TaskSection":
+    def _one_source(self) -> TaskSection:
         files = {k: getattr(self, k) for k in ("train", "test", "public") if getattr(self, k) is not None}
         if self.name is not None and files:
             raise ValueError(f"give either name or train/test files, not both (got name and {', '.join(files)})")
@@ -61,21 +72,54 @@ class TaskSection(_Section):
         return self
 
     def display_name(self) -> str:
-        return self.name if self.name is not None else f"custom ({Path(self.train).name})"
+        if self.name is not None:
+            return self.name
+        assert self.train is not None  # the validator: a name, or train and test files
+        return f"custom ({self.train.name})"
+
+    def build(self) -> ClassificationTask:
+        """The task this section names: a built-in task's builder, or the user's files read."""
+        options = dict(self.options)
+        try:
+            if self.name is not None:
+                from dp_textgrad.tasks.registry import get_task
+
+                return get_task(self.name, **options)
+            from dp_textgrad.tasks.loaders import build_task_from_files
+
+            assert self.train is not None and self.test is not None  # the validator: name, or both files
+            if self.record_template is not None:
+                options["record_template"] = self.record_template
+            options["seed_prompt"] = self.seed_prompt or DEFAULT_FILE_SEED_PROMPT
+            return build_task_from_files(
+                "custom",
+                self.train,
+                self.test,
+                public=self.public,
+                labels=self.labels,
+                text_column=self.text_column,
+                label_column=self.label_column,
+                description=self.description,
+                encoding=self.encoding,
+                **options,
+            )
+        except TypeError as exc:
+            raise ValueError(f"task.options: not accepted by the task builder ({exc})") from None
 
 
-class EngineSection(_Section):
+class EngineSection(Section):
     kind: Literal["llama_cpp", "openai", "transformers"] = Field(
-        "llama_cpp",
-        description="llama_cpp (embedded local model), openai (any OpenAI-compatible server), transformers")
-    model: Optional[str] = Field(
-        None, description="GGUF path (llama_cpp), model name (openai), name or path (transformers)")
-    base_url: Optional[str] = Field(None, description="openai only: e.g. http://127.0.0.1:8080/v1")
-    mode: Optional[Literal["chat", "completions"]] = Field(None, description="openai only")
+        "llama_cpp", description="llama_cpp (embedded local model), openai (any OpenAI-compatible server), transformers"
+    )
+    model: str | None = Field(
+        None, description="GGUF path (llama_cpp), model name (openai), name or path (transformers)"
+    )
+    base_url: str | None = Field(None, description="openai only: e.g. http://127.0.0.1:8080/v1")
+    mode: Literal["chat", "completions"] | None = Field(None, description="openai only")
     options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the engine")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "EngineSection":
+    def _consistent(self) -> EngineSection:
         if self.kind != "openai":
             for key in ("base_url", "mode"):
                 if getattr(self, key) is not None:
@@ -87,58 +131,108 @@ class EngineSection(_Section):
             raise ValueError("options.api_key: do not put keys in configuration files; set OPENAI_API_KEY")
         return self
 
+    def build(self) -> Engine:
+        """The engine this section names (loaded: a local model is read into memory here)."""
+        from dp_textgrad.engines.registry import build_engine
 
-class OutputSection(_Section):
+        return build_engine(self.kind, model=self.model, base_url=self.base_url, mode=self.mode, **self.options)
+
+    def factory(self) -> Callable[[], Engine]:
+        """Builds this section's engine where it is called: a picklable callable for the processes
+        that build their own copy (Ray actors, Flower workers, silos)."""
+        import functools
+
+        return functools.partial(EngineSection.build, self)
+
+    def follows_instructions(self) -> bool:
+        """Whether the engine this section names follows rewrite instructions, decided without loading it.
+
+        It decides ``llm_operators`` when the configuration leaves it open, and so the plan:
+        ``budget`` asks here what ``optimize`` will read from the built engine. The default
+        llama.cpp model (Gemma 3 270M) is a base model; a user's GGUF is taken as instruction-tuned
+        unless ``engine.options.instruction_following`` says otherwise (as ``LlamaCppEngine`` does).
+        The other kinds keep the engine base class's declaration, ``Engine.instruction_following``
+        (True; not imported here: the engines package takes most of a second to import, and
+        ``budget`` loads nothing it does not use; a test holds the two equal).
+        """
+        if self.kind == "llama_cpp":
+            declared = self.options.get("instruction_following")
+            return (self.model is not None) if declared is None else bool(declared)
+        return True
+
+
+class OutputSection(Section):
     runs_root: Path = Field(Path("runs"), description="where run directories are created")
     evaluate: bool = Field(True, description="report test accuracy of the seed and released prompts (not DP)")
-    lifetime_store: Optional[Path] = Field(None, description="SQLite file of the lifetime budget per dataset "
-                                                             "(default: <runs_root>/operator/lifetime_budget.sqlite)")
-    lifetime_cap: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
-                                          description="refuse a run that would push its dataset's lifetime "
-                                                      "epsilon past this (default: no cap, only shown)")
+    lifetime_store: Path | None = Field(
+        None,
+        description="SQLite file of the lifetime budget per dataset "
+        "(default: <runs_root>/operator/lifetime_budget.sqlite)",
+    )
+    lifetime_cap: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="refuse a run that would push its dataset's lifetime "
+        "epsilon past this (default: no cap, only shown)",
+    )
     override_lifetime_cap: bool = Field(False, description="run even past the lifetime cap (the ledger says so)")
-    dataset_key: Optional[str] = Field(None, min_length=1, max_length=200,
-                                       description="the dataset's name in the lifetime store, shared by its versions "
-                                                   "(public; default: a fingerprint of the exact records)")
-    lifetime_delta: Optional[float] = Field(None, gt=0, lt=1, allow_inf_nan=False,
-                                            description="the dataset's lifetime delta (default: fixed by its first "
-                                                        "run)")
-    mlflow: Optional[str] = Field(None, description="log the run to MLflow at this tracking URI, e.g. "
-                                                     "file:./mlruns ('default': MLFLOW_TRACKING_URI or MLflow's default)")
+    dataset_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="the dataset's name in the lifetime store, shared by its versions "
+        "(public; default: a fingerprint of the exact records)",
+    )
+    lifetime_delta: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="the dataset's lifetime delta (default: fixed by its first run)",
+    )
+    mlflow: str | None = Field(
+        None,
+        description="log the run to MLflow at this tracking URI, e.g. file:./mlruns "
+        "('default': MLFLOW_TRACKING_URI or MLflow's default)",
+    )
     mlflow_experiment: str = Field("dp-textgrad", min_length=1, description="MLflow experiment name")
 
     def lifetime(self):
         from dp_textgrad.lifetime_link import LifetimeOptions
 
-        return LifetimeOptions(store=self.lifetime_store, cap=self.lifetime_cap,
-                               override_cap=self.override_lifetime_cap, dataset_key=self.dataset_key,
-                               delta=self.lifetime_delta)
+        return LifetimeOptions(
+            store=self.lifetime_store,
+            cap=self.lifetime_cap,
+            override_cap=self.override_lifetime_cap,
+            dataset_key=self.dataset_key,
+            delta=self.lifetime_delta,
+        )
 
 
-class DistributedSection(_Section):
+class DistributedSection(Section):
     enabled: bool = Field(False, description="score private records on Ray actors (needs dp-textgrad[ray])")
     actors: int = Field(2, ge=1, description="Ray actors; each holds one partition of the private records")
-    address: Optional[str] = Field(None, description="Ray cluster address (ray://host:10001 or auto); "
-                                                      "none: a local Ray instance on this machine")
+    address: str | None = Field(
+        None, description="Ray cluster address (ray://host:10001 or auto); none: a local Ray instance on this machine"
+    )
     max_restarts: int = Field(3, ge=0, description="restarts of an actor that dies (its share is rescored)")
 
-    def pool(self, engine: "EngineSection"):
-        """The Ray scoring pool for ``engine`` (each actor builds its own copy of that engine)."""
-        import functools
+    def build(self, engine: EngineSection) -> RayScoringPool:
+        """The Ray scoring pool for ``engine``: each actor builds its own copy (``engine.build()``),
+        a local model with its share of this machine's cores unless ``n_threads`` is given."""
         import os
 
         from dp_textgrad.distributed import RayScoringPool
-        from dp_textgrad.engines.registry import build_engine
 
         options = dict(engine.options)
         if engine.kind == "llama_cpp" and "n_threads" not in options:
             options["n_threads"] = max(1, (os.cpu_count() or 1) // self.actors)  # the cores shared out
-        factory = functools.partial(build_engine, engine.kind, model=engine.model, base_url=engine.base_url,
-                                    mode=engine.mode, **options)
+        factory = engine.model_copy(update={"options": options}).factory()
         return RayScoringPool(factory, actors=self.actors, address=self.address, max_restarts=self.max_restarts)
 
 
-class OptimizeSettings(_Section):
+class OptimizeSettings(Section):
     """The whole configuration file of ``dp-textgrad optimize``."""
 
     task: TaskSection = Field(default_factory=lambda: TaskSection(name="support"))
@@ -228,8 +322,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
         else:  # TOML: the message ends with "(at line L, column C)"
             what, _, position = str(exc).partition(" (at ")
             where = position.rstrip(")") or "unknown position"
-        raise ValueError(f"config: {path.name} is not valid {kind} at {where}: {what}; fix the syntax there "
-                         f"(see docs/cli.md for a complete example)") from None
+        raise ValueError(
+            f"config: {path.name} is not valid {kind} at {where}: {what}; fix the syntax there "
+            f"(see docs/cli.md for a complete example)"
+        ) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -243,8 +339,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return raw
 
 
-def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]],
-                   source: Path | None = None) -> OptimizeSettings:
+def build_settings(
+    raw: dict[str, Any], overrides: dict[str, dict[str, Any]], source: Path | None = None
+) -> OptimizeSettings:
     """Merge flag overrides (section -> key -> value, None = not given) into the file, then validate once."""
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for section, values in overrides.items():
@@ -271,7 +368,7 @@ def build_settings(raw: dict[str, Any], overrides: dict[str, dict[str, Any]],
         # DP feedback rides on the Gaussian scores; a charged selection has none unless asked.
         merged["dp"] = {**dp, "feedback": "none"}
     try:
-        return OptimizeSettings(**merged)
+        return OptimizeSettings.model_validate(merged)
     except ValidationError as exc:
         from dp_textgrad.dp_es.config import ConfigError
 

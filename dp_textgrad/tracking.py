@@ -1,9 +1,9 @@
 """Experiment tracking: hand a run's release-safe events to MLflow (or any tracker).
 
-A tracker is an event sink (:data:`dp_textgrad.run_events.EventSink`) plus ``finish`` and
-``fail``: it receives exactly the dicts ``optimize --json`` prints, which passed the
-release table, and after the run only the run directory's released files (report, plots,
-result, released prompt). Nothing here reads the operator folder.
+A tracker is an observer of the run's event stream (:mod:`dp_textgrad.run_events`): it
+logs exactly the dicts ``optimize --json`` prints (each event's ``as_dict()``, which passed
+the release table), and after the run only the run directory's released files (report,
+plots, result, released prompt). Nothing here reads the operator folder.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dp_textgrad import runs
+from dp_textgrad.run_events import EventDicts, LifetimeChecked, RunFailed, RunFinished, RunStarted
 
 # Released files logged as artifacts (never operator/, checkpoints or the ledger's details).
 ARTIFACTS = (runs.REPORT_NAME, runs.REPORT_HTML_NAME, runs.RESULT_NAME, runs.PROMPT_NAME)
@@ -21,13 +22,18 @@ _PARAM_LIMIT = 500  # MLflow's value limit is larger; long values (the mechanism
 
 
 class Tracker(Protocol):
-    """What :func:`dp_textgrad.progress.run_with_progress` calls; write your own in a few lines."""
+    """An observer that logs a run (``dp_textgrad.optimize(..., observers=[tracker])``); write your
+    own in a few lines, or subclass :class:`dp_textgrad.run_events.EventDicts`."""
 
-    def __call__(self, event: dict[str, Any]) -> None: ...
+    def on_lifetime(self, event: LifetimeChecked) -> None: ...
 
-    def finish(self, run_dir: Path) -> None: ...
+    def on_start(self, event: RunStarted) -> None: ...
 
-    def fail(self, reason: str) -> None: ...
+    def on_generation(self, report: Any) -> None: ...
+
+    def on_finish(self, event: RunFinished) -> None: ...
+
+    def on_fail(self, event: RunFailed) -> None: ...
 
 
 def trackers_for(output: Any) -> list[Tracker]:
@@ -50,7 +56,7 @@ def _numbers(prefix: str, payload: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-class MlflowTracker:
+class MlflowTracker(EventDicts):
     """Logs one dp-textgrad run to MLflow through a client (no global active run).
 
     ``tracking_uri``: e.g. ``file:./mlruns`` or ``http://127.0.0.1:5000`` (None: MLflow's
@@ -63,22 +69,34 @@ class MlflowTracker:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError as exc:  # the optional extra
-            raise ValueError("output.mlflow: MLflow is not installed; pip install 'dp-textgrad[mlflow]' "
-                             "(or drop --mlflow)") from exc
+            raise ValueError(
+                "output.mlflow: MLflow is not installed; pip install 'dp-textgrad[mlflow]' (or drop --mlflow)"
+            ) from exc
         from mlflow.exceptions import MlflowException
 
         try:  # reach the store now: a bad URI fails before the run charges anything
             self.client = MlflowClient(tracking_uri=tracking_uri)
             found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found is not None else \
-                self.client.create_experiment(experiment)
+            self.experiment_id = found.experiment_id if found is not None else self.client.create_experiment(experiment)
         except MlflowException as exc:
-            hint = (" MLflow 3 refuses file stores unless MLFLOW_ALLOW_FILE_STORE=true is set; set it, or use "
-                    "sqlite:///mlflow.db (full mlflow package) or a tracking server's http:// URI."
-                    if "MLFLOW_ALLOW_FILE_STORE" in str(exc) else "")
-            raise ValueError(f"output.mlflow: cannot use the tracking store {tracking_uri!r}: "
-                             f"{str(exc).splitlines()[0][:200]}{hint}") from exc
+            hint = (
+                " MLflow 3 refuses file stores unless MLFLOW_ALLOW_FILE_STORE=true is set; set it, or use "
+                "sqlite:///mlflow.db (full mlflow package) or a tracking server's http:// URI."
+                if "MLFLOW_ALLOW_FILE_STORE" in str(exc)
+                else ""
+            )
+            raise ValueError(
+                f"output.mlflow: cannot use the tracking store {tracking_uri!r}: {str(exc).splitlines()[0][:200]}{hint}"
+            ) from exc
         self.run_id: str | None = None
+        super().__init__(self)  # each event's release-safe dict goes to __call__
+
+    def on_finish(self, event: RunFinished) -> None:
+        super().on_finish(event)
+        self.finish(event.run_dir)
+
+    def on_fail(self, event: RunFailed) -> None:
+        self.fail(event.error)
 
     def _run(self) -> str:
         if self.run_id is None:
@@ -88,8 +106,11 @@ class MlflowTracker:
     def _params(self, payload: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        params = [Param(key, str(value)[:_PARAM_LIMIT]) for key, value in payload.items()
-                  if key != "event" and value is not None and not isinstance(value, (dict, list))]
+        params = [
+            Param(key, str(value)[:_PARAM_LIMIT])
+            for key, value in payload.items()
+            if key != "event" and value is not None and not isinstance(value, (dict, list))
+        ]
         self.client.log_batch(self._run(), params=params)
 
     def _metrics(self, values: dict[str, float], step: int) -> None:
@@ -101,14 +122,18 @@ class MlflowTracker:
         self.client.log_batch(self._run(), metrics=[Metric(k, v, stamp, step) for k, v in sorted(values.items())])
 
     def __call__(self, event: dict[str, Any]) -> None:
+        """Log one event's release-safe dict (as ``optimize --json`` prints it)."""
         kind = event.get("event")
         if kind == "lifetime":
             self._params({f"lifetime.{k}": v for k, v in event.items() if k not in ("event", "store")})
         elif kind == "start":
             if event.get("resumed"):
                 self.client.set_tag(self._run(), "resumed_at_generation", str(event.get("generation")))
-            start = {k: v for k, v in event.items() if k not in ("resumed", "generation", "epsilon_spent",
-                                                                  "interrupted_charges")}
+            start = {
+                k: v
+                for k, v in event.items()
+                if k not in ("resumed", "generation", "epsilon_spent", "interrupted_charges")
+            }
             self._params(start)
         elif kind == "generation":
             payload = {k: v for k, v in event.items() if k not in ("event", "generation", "best_candidate_id")}
@@ -116,8 +141,13 @@ class MlflowTracker:
         elif kind == "finished":
             final = {k: event.get(k) for k in ("epsilon", "estimate", "generations_run")}
             final.update({f"final_{k}": v for k, v in (event.get("epsilons") or {}).items()})
-            final.update({f"test.{k}": v for k, v in (event.get("evaluation") or {}).items()
-                          if k in ("seed_accuracy", "released_accuracy", "difference", "mcnemar_p")})
+            final.update(
+                {
+                    f"test.{k}": v
+                    for k, v in (event.get("evaluation") or {}).items()
+                    if k in ("seed_accuracy", "released_accuracy", "difference", "mcnemar_p")
+                }
+            )
             self._metrics(_numbers("", final), int(event.get("generations_run") or 0))
             run = self._run()
             self.client.set_tag(run, "stopped_because", str(event.get("stopped_because"))[:_PARAM_LIMIT])

@@ -1,8 +1,9 @@
 """One optimization run end to end: calibrate, optimize, evaluate, save, report.
 
-The CLI's ``demo`` and ``optimize`` commands are thin wrappers around :func:`run`; from
-Python, call :func:`dp_textgrad.optimize` / :func:`dp_textgrad.resume` (``dp_textgrad/front.py``),
-which validate the settings and take this road.
+Call :func:`dp_textgrad.optimize` / :func:`dp_textgrad.resume` (``dp_textgrad/front.py``): they
+validate the settings, take this road and send its events to observers (the command line's
+``demo`` and ``optimize`` go through them too). :func:`check_resumable` is the one check of
+whether a run directory can be resumed.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dp_textgrad import lifetime_link
-from dp_textgrad import runs
+from dp_textgrad import lifetime_link, runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig
 from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
@@ -25,6 +25,7 @@ from dp_textgrad.dp_es.scoring_backends import ScoringFactory
 from dp_textgrad.lifetime_link import LifetimeOptions, LifetimeStatus
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.data import PrivateScoringError
+from dp_textgrad.run_events import stopped_early
 from dp_textgrad.tasks.base import ClassificationTask
 
 
@@ -61,9 +62,14 @@ def paired_evaluation(task: ClassificationTask, engine: Any, seed_prompt: str, r
     p_value = 1.0 if better + worse == 0 else float(stats.binomtest(better, better + worse, 0.5).pvalue)
     half = 1.959963984540054 * float(np.std(diff, ddof=1)) / np.sqrt(n) if n > 1 else float("nan")
     return Evaluation(
-        seed_accuracy=float(seed_right.mean()), released_accuracy=float(released_right.mean()), n_test=n,
-        difference=float(diff.mean()), difference_low=float(diff.mean() - half),
-        difference_high=float(diff.mean() + half), mcnemar_p=p_value, discordant=(better, worse),
+        seed_accuracy=float(seed_right.mean()),
+        released_accuracy=float(released_right.mean()),
+        n_test=n,
+        difference=float(diff.mean()),
+        difference_low=float(diff.mean() - half),
+        difference_high=float(diff.mean() + half),
+        mcnemar_p=p_value,
+        discordant=(better, worse),
     )
 
 
@@ -72,8 +78,10 @@ class RunOutcome:
     """A finished run, as :func:`dp_textgrad.optimize` and :func:`run` return it.
 
     Released: ``run_dir``, ``result`` (the prompt, epsilon and delta spent, the per-generation
-    history) and ``evaluation`` (the public test split; not covered by DP). OPERATOR-ONLY:
-    ``seconds`` (the wall time times the private phase) and ``optimizer`` (it holds the records).
+    history), ``evaluation`` (the public test split; not covered by DP) and, for a federated run
+    (:func:`dp_textgrad.federated.run.run_federated`), ``federation`` (what ``federation.json``
+    holds). OPERATOR-ONLY: ``seconds`` (the wall time times the private phase) and ``optimizer``
+    (it holds the records; a federated run's coordinator holds none).
     """
 
     run_dir: Path
@@ -81,18 +89,30 @@ class RunOutcome:
     evaluation: Evaluation | None
     seconds: float
     optimizer: DPEvolutionStrategy
+    federation: dict[str, Any] | None = None
 
 
-def build_optimizer(task: ClassificationTask, engine: Any, config: DPESConfig, run_dir: Path,
-                    seed_prompt: str | None = None, resume: bool = False,
-                    scoring: ScoringFactory | None = None, ledger: Any = None) -> DPEvolutionStrategy:
+def build_optimizer(
+    task: ClassificationTask,
+    engine: Any,
+    config: DPESConfig,
+    run_dir: Path,
+    seed_prompt: str | None = None,
+    resume: bool = False,
+    scoring: ScoringFactory | None = None,
+    ledger: Any = None,
+) -> DPEvolutionStrategy:
     tg = import_textgrad()
-    prompt = tg.Variable(seed_prompt if seed_prompt is not None else task.seed_prompt,
-                         role_description="instruction prompt for the classifier", requires_grad=True)
+    prompt = tg.Variable(
+        seed_prompt if seed_prompt is not None else task.seed_prompt,
+        role_description="instruction prompt for the classifier",
+        requires_grad=True,
+    )
     if resume:
         return DPEvolutionStrategy.resume(run_dir, [prompt], task=task, engine=engine, scoring=scoring)
-    return DPEvolutionStrategy([prompt], task=task, engine=engine, config=config, checkpoint_dir=run_dir,
-                               scoring=scoring, ledger=ledger)
+    return DPEvolutionStrategy(
+        [prompt], task=task, engine=engine, config=config, checkpoint_dir=run_dir, scoring=scoring, ledger=ledger
+    )
 
 
 def run(
@@ -128,52 +148,90 @@ def run(
     directory = Path(run_dir) if run_dir is not None else runs.new_run_dir(runs_root)
     directory.mkdir(parents=True, exist_ok=True)
     runs.check_writable(directory)
-    if resume and runs.RunDir(directory).result.is_file():
-        restored = complete_finished(directory)
-        raise ConfigError(f"resume: the run in {directory} has finished"
-                          + ("; its missing run-log line was restored" if restored else "")
-                          + "; rebuild its report with `dp-textgrad report RUN_DIR` or start a new run")
+    if resume:
+        check_resumable(directory)
     options = lifetime or LifetimeOptions()
     # A fresh run that counts N charges the count first: its ledger goes to the lifetime store before.
-    link = None if resume else lifetime_link.link_before_count(config, task, options, runs_root=directory.parent,
-                                                                run_id=directory.name, label=task_name,
-                                                                ledger=ledger)
-    optimizer = build_optimizer(task, engine, config, directory, seed_prompt=seed_prompt, resume=resume,
-                                scoring=scoring, ledger=link.ledger if link is not None else ledger)
-    status = lifetime_link.attach(optimizer, task, options, runs_root=directory.parent,
-                                  run_id=directory.name, label=task_name, resume=resume, link=link)
+    link = (
+        None
+        if resume
+        else lifetime_link.link_before_count(
+            config, task, options, runs_root=directory.parent, run_id=directory.name, label=task_name, ledger=ledger
+        )
+    )
+    optimizer = build_optimizer(
+        task,
+        engine,
+        config,
+        directory,
+        seed_prompt=seed_prompt,
+        resume=resume,
+        scoring=scoring,
+        ledger=link.ledger if link is not None else ledger,
+    )
+    status = lifetime_link.attach(
+        optimizer,
+        task,
+        options,
+        runs_root=directory.parent,
+        run_id=directory.name,
+        label=task_name,
+        resume=resume,
+        link=link,
+    )
     if status is not None and on_lifetime is not None:
         on_lifetime(status)
     # A resumed run killed between its first checkpoint and config.json ran no generation: its prompt is the seed.
     written = resume and runs.RunDir(directory).config.is_file()
     seed_text = runs.read_json(directory / runs.CONFIG_NAME)["seed_prompt"] if written else optimizer.variable.value
     if not written:
-        runs.write_released_json(directory, runs.CONFIG_NAME, "config", {
-            "task": task_name,
-            "engine": engine_name,
-            "config": optimizer.config.model_dump(),
-            "seed_prompt": seed_text,
-            "noise_multiplier": optimizer.noise_multiplier,
-            "selection_epsilon": optimizer.selection_epsilon,
-            "dataset_size": optimizer.public_dataset_size,
-            "noise": optimizer.noise.sampler,
-        })
+        runs.write_released_json(
+            directory,
+            runs.CONFIG_NAME,
+            "config",
+            {
+                "task": task_name,
+                "engine": engine_name,
+                "config": optimizer.config.model_dump(),
+                "seed_prompt": seed_text,
+                "noise_multiplier": optimizer.noise_multiplier,
+                "selection_epsilon": optimizer.selection_epsilon,
+                "dataset_size": optimizer.public_dataset_size,
+                "noise": optimizer.noise.sampler,
+            },
+        )
     if not resume:
-        runs.append_run_log(directory.parent, {"event": "started", "run_dir": directory.name, "task": task_name,
-                                               "engine": engine_name, "config": optimizer.config.model_dump(),
-                                               "started": started_at}, run_dir=directory)
+        runs.append_run_log(
+            directory.parent,
+            {
+                "event": "started",
+                "run_dir": directory.name,
+                "task": task_name,
+                "engine": engine_name,
+                "config": optimizer.config.model_dump(),
+                "started": started_at,
+            },
+            run_dir=directory,
+        )
     else:
-        runs.append_run_log(directory.parent, {"event": "resumed", "run_dir": directory.name,
-                                               "generation": optimizer.generation,
-                                               "epsilon": optimizer.ledger.epsilon(), "started": started_at},
-                            run_dir=directory)
+        runs.append_run_log(
+            directory.parent,
+            {
+                "event": "resumed",
+                "run_dir": directory.name,
+                "generation": optimizer.generation,
+                "epsilon": optimizer.ledger.epsilon(),
+                "started": started_at,
+            },
+            run_dir=directory,
+        )
     if on_start is not None:
         on_start(optimizer)
     try:
         result = optimizer.run(progress=on_generation)
     except PrivateScoringError as exc:
         # The one-line message is release-safe; the original error may quote a record.
-        runs.append_operator_text(directory, "errors.log", f"{exc.label}: {exc.operator_detail}")
+        runs.append_operator_text(directory, runs.ERRORS_LOG_NAME, f"{exc.label}: {exc.operator_detail}")
         _log_failure(directory, optimizer, "engine failure while scoring private records")
         raise
     except BudgetExceeded:
@@ -184,21 +242,53 @@ def run(
     if evaluate and task.test:
         evaluation = paired_evaluation(task, engine, seed_text, result.prompt)
     seconds = time.perf_counter() - started
-    runs.write_released_json(directory, runs.RESULT_NAME, "result", {
-        **result.as_dict(),
-        "evaluation": evaluation.__dict__ if evaluation else None,
-        "seconds": seconds,
-        "engine_usage": engine.usage.as_dict() if hasattr(engine, "usage") else None,
-    })
+    runs.write_released_json(
+        directory,
+        runs.RESULT_NAME,
+        "result",
+        {
+            **result.as_dict(),
+            "evaluation": evaluation.__dict__ if evaluation else None,
+            "seconds": seconds,
+            "engine_usage": engine.usage.as_dict() if hasattr(engine, "usage") else None,
+        },
+    )
     complete_finished(directory, seconds=seconds)
     return RunOutcome(directory, result, evaluation, seconds, optimizer)
 
 
 def _log_failure(directory: Path, optimizer: DPEvolutionStrategy, why: str) -> None:
-    runs.append_run_log(directory.parent, {"event": "failed", "run_dir": directory.name, "why": why,
-                                           "generations_run": optimizer.generation,
-                                           "epsilon": optimizer.ledger.epsilon(),
-                                           "epsilon_by_accountant": optimizer.ledger.epsilons()}, run_dir=directory)
+    runs.append_run_log(
+        directory.parent,
+        {
+            "event": "failed",
+            "run_dir": directory.name,
+            "why": why,
+            "generations_run": optimizer.generation,
+            "epsilon": optimizer.ledger.epsilon(),
+            "epsilon_by_accountant": optimizer.ledger.epsilons(),
+        },
+        run_dir=directory,
+    )
+
+
+def check_resumable(directory: str | Path) -> None:
+    """Raise :class:`ConfigError` unless ``directory`` holds a run that can be resumed.
+
+    A directory without a checkpoint has nothing to resume; a finished run (``result.json``
+    written) is completed first (a kill after ``result.json``: its report and run-log line),
+    then refused, since resuming it would run nothing.
+    """
+    run_dir = runs.RunDir(Path(directory))
+    if run_dir.result.is_file():
+        restored = complete_finished(run_dir.path)
+        raise ConfigError(
+            f"resume: the run in {run_dir.path} has finished"
+            + ("; its missing run-log line was restored" if restored else "")
+            + "; rebuild its report with `dp-textgrad report RUN_DIR` or start a new run"
+        )
+    if not run_dir.checkpoint.is_file():
+        raise ConfigError(run_dir.missing_checkpoint_message())
 
 
 def complete_finished(directory: str | Path, seconds: float | None = None) -> bool:
@@ -214,32 +304,33 @@ def complete_finished(directory: str | Path, seconds: float | None = None) -> bo
 
     if not (directory / runs.REPORT_NAME).is_file() or seconds is not None:
         write_report(directory)
-    if any(line.get("event") == "finished" and line.get("run_dir") == directory.name
-           for line in runs.read_run_log(directory.parent)):
+    if any(
+        line.get("event") == "finished" and line.get("run_dir") == directory.name
+        for line in runs.read_run_log(directory.parent)
+    ):
         return False
     stopped = str(result.get("stopped_because") or "")
-    runs.append_run_log(directory.parent, {
-        "event": "finished",
-        "run_dir": directory.name,
-        "task": saved.get("task"),
-        "engine": saved.get("engine"),
-        "config": saved.get("config"),
-        "noise_seeded_insecurely": (saved.get("config") or {}).get("insecure_noise_seed") is not None,
-        "noise": saved.get("noise"),
-        "epsilon": result.get("epsilon"),
-        "delta": result.get("delta"),
-        "epsilon_by_accountant": result.get("epsilons"),
-        "accountant": "smallest valid bound",
-        "unsafe": result.get("unsafe"),
-        "generations_run": result.get("generations_run"),
-        "stopped_because": stopped,
-        "stopped_early": stopped_early(stopped),
-        "seconds": seconds,
-        "machine": runs.machine_summary(),
-    }, run_dir=directory)
+    runs.append_run_log(
+        directory.parent,
+        {
+            "event": "finished",
+            "run_dir": directory.name,
+            "task": saved.get("task"),
+            "engine": saved.get("engine"),
+            "config": saved.get("config"),
+            "noise_seeded_insecurely": (saved.get("config") or {}).get("insecure_noise_seed") is not None,
+            "noise": saved.get("noise"),
+            "epsilon": result.get("epsilon"),
+            "delta": result.get("delta"),
+            "epsilon_by_accountant": result.get("epsilons"),
+            "accountant": "smallest valid bound",
+            "unsafe": result.get("unsafe"),
+            "generations_run": result.get("generations_run"),
+            "stopped_because": stopped,
+            "stopped_early": stopped_early(stopped),
+            "seconds": seconds,
+            "machine": runs.machine_summary(),
+        },
+        run_dir=directory,
+    )
     return True
-
-
-def stopped_early(stopped_because: str) -> bool:
-    """Whether a released run ended before its planned generations (public: budget and user events)."""
-    return bool(stopped_because) and stopped_because != "all generations done"

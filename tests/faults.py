@@ -35,6 +35,7 @@ from dp_textgrad.dp_es.size_count import SIZE_COUNT_LABEL
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.privacy.accounting import PrivacyLedger
 from dp_textgrad.privacy.accounting.lifetime import LifetimeBudget
+from dp_textgrad.settings import EngineSection
 from tests.test_cli import scripted, write_csv
 
 FLAGS = ["--epsilon", "4", "--generations", "3", "--population", "3", "--parents", "2", "--sampling-rate", "0.3",
@@ -75,7 +76,7 @@ def _child(argv: list[str], engine_factory: Callable[[], object], setup: Callabl
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         sys.stdout = sys.stderr = open(os.devnull, "w", encoding="utf-8")
-        cli.make_engine = lambda section: engine_factory()
+        EngineSection.build = lambda section: engine_factory()
         if setup is not None:
             setup()
         try:
@@ -314,14 +315,14 @@ class FaultLab:
         def on_point(kind: str) -> None:
             points[kind] = points.get(kind, 0) + 1
 
-        real = cli.make_engine
-        cli.make_engine = lambda section: scripted()
+        real = EngineSection.build
+        EngineSection.build = lambda section: scripted()
         undo = instrument(on_point)
         try:
             result = CliRunner().invoke(cli.app, self.argv(self.new_root()))
         finally:
             undo()
-            cli.make_engine = real
+            EngineSection.build = real
         if result.exit_code != 0:
             raise FaultCheckFailed(f"an undisturbed run exited {result.exit_code}: {result.output[-500:]}")
         self.crash_points = sum(points.values())

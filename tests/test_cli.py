@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli, workflow
+from dp_textgrad.settings import EngineSection, build_settings, read_config_file
 from dp_textgrad.privacy.accounting import PrivacyLedger, default_accountants
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.plan import RunPlan
@@ -162,18 +163,18 @@ def test_config_files_yaml_and_toml_agree_and_flags_override(tmp_path) -> None:
         '[task]\ntrain = "data/train.csv"\ntest = "data/test.csv"\nlabels = ["billing", "technical"]\n'
         '[engine]\nkind = "openai"\nmodel = "local-model"\nbase_url = "http://127.0.0.1:8080/v1"\n'
         '[dp]\nepsilon = 8\ngenerations = 3\n', encoding="utf-8")
-    from_yaml = cli.build_settings(cli.read_config_file(tmp_path / "run.yaml"), {})
-    from_toml = cli.build_settings(cli.read_config_file(tmp_path / "run.toml"), {})
+    from_yaml = build_settings(read_config_file(tmp_path / "run.yaml"), {})
+    from_toml = build_settings(read_config_file(tmp_path / "run.toml"), {})
     assert from_yaml == from_toml
     assert from_yaml.task.train == (tmp_path / "data" / "train.csv").resolve()  # relative to the file
     assert from_yaml.dp.epsilon == 8 and from_yaml.engine.base_url == "http://127.0.0.1:8080/v1"
-    overridden = cli.build_settings(cli.read_config_file(tmp_path / "run.yaml"),
+    overridden = build_settings(read_config_file(tmp_path / "run.yaml"),
                                     {"dp": {"epsilon": 2.0, "generations": None}, "task": {"name": "support"},
                                      "engine": {"kind": "llama_cpp"}})
     assert overridden.dp.epsilon == 2.0 and overridden.dp.generations == 3
     assert overridden.task.name == "support" and overridden.task.train is None
     assert overridden.engine.kind == "llama_cpp" and overridden.engine.base_url is None
-    exponential = cli.build_settings({}, {"dp": {"selection": "exponential"}})
+    exponential = build_settings({}, {"dp": {"selection": "exponential"}})
     assert exponential.dp.feedback == "none" and exponential.task.name == "support"
 
 
@@ -188,7 +189,7 @@ def test_config_files_yaml_and_toml_agree_and_flags_override(tmp_path) -> None:
     ("dp: {epsilon: [\n", "not valid YAML"),
 ])
 def test_optimize_bad_config_exits_2_naming_the_key(tmp_path, monkeypatch, text, named) -> None:
-    monkeypatch.setattr(cli, "make_engine", lambda section: pytest.fail("no engine for a bad config"))
+    monkeypatch.setattr(EngineSection, "build", lambda section: pytest.fail("no engine for a bad config"))
     path = tmp_path / "bad.yaml"
     path.write_text(text, encoding="utf-8")
     result = runner.invoke(cli.app, ["optimize", "--config", str(path), "--runs-root", str(tmp_path / "runs")])
@@ -208,7 +209,7 @@ def test_optimize_engine_failure_exits_1(tmp_path, monkeypatch) -> None:
     def broken(section):
         raise EngineError("could not reach the server at http://127.0.0.1:9/v1")
 
-    monkeypatch.setattr(cli, "make_engine", broken)
+    monkeypatch.setattr(EngineSection, "build", broken)
     result = runner.invoke(cli.app, ["optimize", "--task", "support", "--runs-root", str(tmp_path)])
     assert result.exit_code == 1
     assert "could not reach the server" in one_error_line(result)
@@ -218,7 +219,7 @@ def test_optimize_unexpected_error_names_only_its_type(tmp_path, monkeypatch) ->
     def buggy(section):
         raise KeyError("a private record")
 
-    monkeypatch.setattr(cli, "make_engine", buggy)
+    monkeypatch.setattr(EngineSection, "build", buggy)
     result = runner.invoke(cli.app, ["optimize", "--runs-root", str(tmp_path)])
     assert result.exit_code == 1
     line = one_error_line(result)
@@ -264,7 +265,7 @@ def test_optimize_interrupted_then_resumed(tmp_path, monkeypatch) -> None:
         engines.append(section)
         return scripted(answer)
 
-    monkeypatch.setattr(cli, "make_engine", factory)
+    monkeypatch.setattr(EngineSection, "build", factory)
     (tmp_path / "data").mkdir()
     write_csv(tmp_path / "data" / "train.csv", 150)
     write_csv(tmp_path / "data" / "test.csv", 20)
@@ -310,7 +311,7 @@ def test_ctrl_c_before_the_first_checkpoint_exits_130(tmp_path, monkeypatch) -> 
     def interrupted(section):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "make_engine", interrupted)
+    monkeypatch.setattr(EngineSection, "build", interrupted)
     result = runner.invoke(cli.app, ["optimize", "--runs-root", str(tmp_path)])
     assert result.exit_code == 130
     assert "nothing to resume" in result.stderr

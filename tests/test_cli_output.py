@@ -11,6 +11,7 @@ import json
 from typer.testing import CliRunner
 
 from dp_textgrad import cli
+from dp_textgrad.settings import EngineSection
 from tests.test_cli import scripted, write_csv
 from tests.twin import base_rows, long_record, run_twin
 
@@ -24,7 +25,7 @@ OPERATOR_FIELDS = ("seconds", "private_prompt_tokens", "private_completion_token
 def optimize(tmp_path, monkeypatch, *extra: str):
     write_csv(tmp_path / "train.csv", 120)
     write_csv(tmp_path / "test.csv", 15)
-    monkeypatch.setattr(cli, "make_engine", lambda section: scripted())
+    monkeypatch.setattr(EngineSection, "build", lambda section: scripted())
     return runner.invoke(cli.app, ["optimize", "--train", str(tmp_path / "train.csv"), "--test",
                                    str(tmp_path / "test.csv"), "--runs-root", str(tmp_path / "runs"), *FLAGS,
                                    *extra])

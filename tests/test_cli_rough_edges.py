@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dp_textgrad import builders, cli
+from dp_textgrad import cli
 from dp_textgrad.engines.scripted import ScriptedEngine
-from dp_textgrad.settings import EngineSection
+from dp_textgrad.settings import EngineSection, TaskSection
 
 runner = CliRunner()
 
@@ -38,8 +38,8 @@ def one_error_line(result) -> str:
 # -- 1. an empty run file ------------------------------------------------------------------
 @pytest.mark.parametrize("text", ["", "# nothing yet\n", "dp:\n  epsilon: 2\n", "task:\n"])
 def test_a_run_file_without_a_task_is_refused_before_any_charge(tmp_path, monkeypatch, text) -> None:
-    monkeypatch.setattr(cli, "make_engine", lambda section: pytest.fail("no engine for a run file without a task"))
-    monkeypatch.setattr(cli, "build_task", lambda section: pytest.fail("no task for a run file without a task"))
+    monkeypatch.setattr(EngineSection, "build", lambda section: pytest.fail("no engine for a run file without a task"))
+    monkeypatch.setattr(TaskSection, "build", lambda section: pytest.fail("no task for a run file without a task"))
     run_file = tmp_path / "e.yaml"
     run_file.write_text(text, encoding="utf-8")
     runs_root = tmp_path / "runs"
@@ -58,7 +58,7 @@ def test_a_task_flag_completes_a_run_file_without_a_task(tmp_path, monkeypatch) 
         seen.append(section)
         raise ValueError("task: stopped here by the test")
 
-    monkeypatch.setattr(cli, "build_task", stop)
+    monkeypatch.setattr(TaskSection, "build", stop)
     run_file = tmp_path / "e.yaml"
     run_file.write_text("dp:\n  epsilon: 2\n", encoding="utf-8")
     result = runner.invoke(cli.app, ["optimize", "--config", str(run_file), "--task", "support",
@@ -81,10 +81,10 @@ def optimize_z(tmp_path: Path, monkeypatch, *args: str) -> tuple[float, EngineSe
     def factory(section):
         sections.append(section)
         engine = ScriptedEngine(responses=list(PROMPTS), choice_rule=RULE)
-        engine.instruction_following = builders.engine_follows_instructions(section)
+        engine.instruction_following = section.follows_instructions()
         return engine
 
-    monkeypatch.setattr(cli, "make_engine", factory)
+    monkeypatch.setattr(EngineSection, "build", factory)
     runs_root = tmp_path / "runs"
     result = runner.invoke(cli.app, ["optimize", "--task", "support", *SCHEDULE_FLAGS, "--runs-root", str(runs_root),
                                      *args])
@@ -97,13 +97,13 @@ def test_budget_on_the_default_engine_plans_what_optimize_calibrates(tmp_path, m
     z_run, section = optimize_z(tmp_path, monkeypatch)
     assert section.kind == "llama_cpp" and section.model is None
     # The default engine is the built-in base model: it declares no instruction following.
-    assert builders.engine_follows_instructions(section) is False
+    assert section.follows_instructions() is False
     assert budget_z() == pytest.approx(z_run, abs=1e-4)
 
 
 def test_budget_names_the_engine_and_plans_for_it(tmp_path, monkeypatch) -> None:
     z_run, section = optimize_z(tmp_path, monkeypatch, "--engine", "openai", "--model", "some-model")
-    assert builders.engine_follows_instructions(section) is True  # a chat model rewrites prompts
+    assert section.follows_instructions() is True  # a chat model rewrites prompts
     assert budget_z("--engine", "openai", "--model", "some-model") == pytest.approx(z_run, abs=1e-4)
     run_file = tmp_path / "run.yaml"
     run_file.write_text("engine:\n  kind: openai\n  model: some-model\n", encoding="utf-8")
@@ -116,13 +116,12 @@ def test_declared_instruction_following_matches_the_engine_classes() -> None:
     from dp_textgrad.engines.openai_engine import OpenAIEngine
     from dp_textgrad.engines.transformers_engine import TransformersEngine
 
-    assert builders.engine_follows_instructions(EngineSection(kind="openai", model="m")) \
+    assert EngineSection(kind="openai", model="m").follows_instructions() \
         is OpenAIEngine.instruction_following
-    assert builders.engine_follows_instructions(EngineSection(kind="transformers")) \
+    assert EngineSection(kind="transformers").follows_instructions() \
         is TransformersEngine.instruction_following
-    assert builders.engine_follows_instructions(EngineSection(kind="llama_cpp", model="mine.gguf")) is True
-    assert builders.engine_follows_instructions(
-        EngineSection(kind="llama_cpp", options={"instruction_following": True})) is True
+    assert EngineSection(kind="llama_cpp", model="mine.gguf").follows_instructions() is True
+    assert EngineSection(kind="llama_cpp", options={"instruction_following": True}).follows_instructions() is True
 
 
 # -- 3. budget with no options ----------------------------------------------------------------

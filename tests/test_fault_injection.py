@@ -131,7 +131,7 @@ def planned_atoms(run_dir: Path) -> list[dict]:
     config = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
     plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
     atoms = [event for t in range(config.generations)
-             for event in plan.generation(t, config.population).events(config.sampling_rate)]
+             for event in plan.generation_mechanisms(t, config.population).events(config.sampling_rate)]
     final = plan.final()
     atoms += [final.event(config.sampling_rate)] if final is not None else []
     return [event_to_dict(event) for event in atoms]

@@ -147,3 +147,61 @@ def test_import_is_lazy_and_lists_its_exports(tmp_path: Path) -> None:
                  "ClassificationTask", "textgrad"):
         assert name in dpt.__all__
     assert not (tmp_path / "logs").exists()  # textgrad's import-time log directory
+
+
+class Recorder:
+    """An observer object: every event of the run, in order, as the method that received it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, object]] = []
+
+    def on_lifetime(self, event) -> None:
+        self.seen.append(("lifetime", event))
+
+    def on_start(self, event) -> None:
+        self.seen.append(("start", event))
+
+    def on_generation(self, report) -> None:
+        self.seen.append(("generation", report))
+
+    def on_finish(self, event) -> None:
+        self.seen.append(("finish", event))
+
+    def on_fail(self, event) -> None:
+        self.seen.append(("fail", event))
+
+
+def test_an_observer_object_gets_every_event_in_order_released_values_only(tmp_path: Path) -> None:
+    from dp_textgrad.privacy import release
+    from dp_textgrad.run_events import LifetimeChecked, RunFinished, RunStarted, finished_event
+
+    recorder, plain = Recorder(), []
+    outcome = dpt.optimize(dpt.make_support_task(n_private=150, n_test=20), support_engine(), runs_root=tmp_path,
+                           observers=[recorder, plain.append], insecure_noise_seed=5, **SCHEDULE)
+    kinds = [kind for kind, _ in recorder.seen]
+    assert kinds == ["lifetime", "start", "generation", "generation", "finish"]
+    lifetime, start, finish = recorder.seen[0][1], recorder.seen[1][1], recorder.seen[-1][1]
+    assert isinstance(lifetime, LifetimeChecked) and isinstance(start, RunStarted) and isinstance(finish, RunFinished)
+    assert [report for kind, report in recorder.seen if kind == "generation"] == plain == outcome.result.history
+    assert (start.resumed, start.generation, start.config.generations) == (False, 0, 2)
+    assert finish.run_dir == outcome.run_dir and finish.result is outcome.result
+    assert not hasattr(finish, "optimizer") and not hasattr(finish, "seconds")  # operator-only parts stay out
+    # Each event's dict passed the release table (the store's path is operator-only).
+    for channel, payload in (("events", lifetime.as_dict()), ("events", start.as_dict())):
+        assert all(release.classify(channel, key) != release.OPERATOR_ONLY for key in payload), payload
+    assert "store" not in lifetime.as_dict() and "store" in lifetime.describe()
+    assert finish.as_dict() == finished_event(outcome)
+
+
+def test_a_failed_run_tells_observers_the_error_class_only(tmp_path: Path) -> None:
+    recorder = Recorder()
+
+    def stop(report) -> None:
+        raise StopAfterFirst("a message that must not reach observers")
+
+    with pytest.raises(StopAfterFirst):
+        dpt.optimize(dpt.make_support_task(n_private=150, n_test=20), support_engine(), runs_root=tmp_path,
+                     observers=[recorder, stop], insecure_noise_seed=5, **SCHEDULE)
+    assert [kind for kind, _ in recorder.seen] == ["lifetime", "start", "generation", "fail"]
+    assert recorder.seen[-1][1].error == "StopAfterFirst"
+

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dp_textgrad import cli
+from dp_textgrad import cli, runs
+from dp_textgrad.settings import EngineSection
 from dp_textgrad.engines.base import EngineError
 from dp_textgrad.privacy.accounting import PrivacyLedger
-from dp_textgrad.privacy.accounting.lifetime import STORE_NAME, LifetimeBudget
+from dp_textgrad.privacy.accounting.lifetime import LifetimeBudget
 from tests.test_cli import CUES, scripted, write_csv
 
 runner = CliRunner()
@@ -38,13 +39,13 @@ def files(tmp_path) -> dict[str, Path]:
 
 
 def optimize(files, *extra: str, engine=None, monkeypatch=None):
-    monkeypatch.setattr(cli, "make_engine", lambda section: engine if engine is not None else scripted())
+    monkeypatch.setattr(EngineSection, "build", lambda section: engine if engine is not None else scripted())
     return runner.invoke(cli.app, ["optimize", "--train", str(files["train"]), "--test", str(files["test"]),
                                    "--runs-root", str(files["runs"]), *FLAGS, *extra], terminal_width=240)
 
 
 def store_charges(files) -> int:
-    store = LifetimeBudget(files["runs"] / "operator" / STORE_NAME)
+    store = LifetimeBudget(runs.lifetime_store(files["runs"]))
     return sum(r.charges for d in store.datasets() for r in store.runs(d))
 
 
@@ -124,7 +125,7 @@ def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(
     lines = (run_dir / "ledger.jsonl").read_text().splitlines()
     (run_dir / "ledger.jsonl").write_text("\n".join(lines[:-1]) + "\n")
 
-    monkeypatch.setattr(cli, "make_engine", lambda section: inexact_engine())
+    monkeypatch.setattr(EngineSection, "build", lambda section: inexact_engine())
     resumed = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)], terminal_width=240)
     text = " ".join(resumed.output.split())
     after = PrivacyLedger.from_jsonl(run_dir / "ledger.jsonl")
@@ -144,7 +145,7 @@ def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(
 def test_a_crash_whose_lost_charge_leaves_no_room_says_so(files, monkeypatch) -> None:
     assert optimize(files, engine=failing_engine(after_calls=1), monkeypatch=monkeypatch).exit_code == 1
     (run_dir,) = files["runs"].glob("run-*")
-    monkeypatch.setattr(cli, "make_engine", lambda section: inexact_engine())
+    monkeypatch.setattr(EngineSection, "build", lambda section: inexact_engine())
     resumed = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)])
     assert resumed.exit_code == 1
     assert "interrupted generation" in resumed.stderr and "nothing was released" in resumed.stderr

@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import io
 import sys
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
+import dp_textgrad as dpt
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.privacy import release
-from dp_textgrad.progress import run_with_progress
 from dp_textgrad.tasks.synthetic import make_support_task
 from tests.twin import base_rows, long_record, run_twin
 
@@ -60,9 +58,8 @@ def test_a_run_is_logged_with_params_metrics_and_the_released_files(tmp_path) ->
     task = make_support_task(n_private=120, n_test=20)
     config = DPESConfig(epsilon=4.0, generations=3, population=3, parents=2, sampling_rate=0.4, insecure_noise_seed=3)
     engine = ScriptedEngine(responses=list(PROMPTS), choice_rule=RULE)
-    outcome = run_with_progress(Console(file=io.StringIO()), task, engine, config, task_name="support",
-                                engine_name="scripted", runs_root=tmp_path / "runs",
-                                trackers=[MlflowTracker(uri)])
+    outcome = dpt.optimize(task, engine, config, task_name="support", engine_name="scripted",
+                           runs_root=tmp_path / "runs", observers=[MlflowTracker(uri)])
     run = stored_run(uri)
     assert run["status"] == "FINISHED"
     params = run["params"]

@@ -26,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli
+from dp_textgrad.settings import EngineSection
 from dp_textgrad.engines.scripted import ScriptedEngine, scripted_tokens
 
 LABELS = ("bill", "tech", "fraud")
@@ -153,7 +154,7 @@ def run_twin(root: Path, rows: Sequence[tuple[str, str]], monkeypatch, config_li
         f"[dp]\n{config_lines}\n"
         f'[output]\nruns_root = "{(root / "runs").as_posix()}"\n', encoding="utf-8")
     if engine_factory is not None:
-        monkeypatch.setattr(cli, "make_engine", lambda section: engine_factory())
+        monkeypatch.setattr(EngineSection, "build", lambda section: engine_factory())
     with pytest.MonkeyPatch.context() as coupling:  # for this run only
         if coupled_extra_records:
             couple_size_count(coupling, coupled_extra_records)

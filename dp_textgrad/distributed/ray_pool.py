@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,8 +56,14 @@ class PartitionScorer:
         self.engine = engine_factory()
         self.sampling_rng = NoiseSource().sampling_generator  # secure: seeded from the OS CSPRNG
 
-    def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float, with_confusion: bool,
-               indices: np.ndarray | None = None) -> SubsampleTotals:
+    def totals(
+        self,
+        prompts: Sequence[str],
+        sampling_rate: float,
+        clip_bound: float,
+        with_confusion: bool,
+        indices: np.ndarray | None = None,
+    ) -> SubsampleTotals:
         """Totals over this actor's share of the subsample; ``indices``: drawn by the driver (test seed only)."""
         records = self.task.private_train
         if indices is None:
@@ -79,8 +86,9 @@ def _public_shell(task: Any) -> Any:
 class RayScoring:
     """The backend of one run: actors over the partitions; sums are added on the driver."""
 
-    def __init__(self, actors: list[Any], bounds: list[tuple[int, int]], sampling_rng: np.random.Generator,
-                 secure: bool) -> None:
+    def __init__(
+        self, actors: list[Any], bounds: list[tuple[int, int]], sampling_rng: np.random.Generator, secure: bool
+    ) -> None:
         self.actors, self.bounds = actors, bounds
         self.sampling_rng, self.secure = sampling_rng, secure
 
@@ -90,8 +98,14 @@ class RayScoring:
         so only then can a charge's subsample be redrawn from its seed (dp_textgrad.dp_es.replay)."""
         return not self.secure
 
-    def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float,
-               with_confusion: bool, sampling_rng: np.random.Generator | None = None) -> SubsampleTotals:
+    def totals(
+        self,
+        prompts: Sequence[str],
+        sampling_rate: float,
+        clip_bound: float,
+        with_confusion: bool,
+        sampling_rng: np.random.Generator | None = None,
+    ) -> SubsampleTotals:
         import ray
 
         prompts = [str(p) for p in prompts]
@@ -100,8 +114,10 @@ class RayScoring:
             rng = self.sampling_rng if sampling_rng is None else sampling_rng
             mask = rng.random(self.bounds[-1][1]) < sampling_rate
             shares = [np.flatnonzero(mask[start:end]) for start, end in self.bounds]
-        refs = [actor.totals.remote(prompts, sampling_rate, clip_bound, with_confusion, share)
-                for actor, share in zip(self.actors, shares)]
+        refs = [
+            actor.totals.remote(prompts, sampling_rate, clip_bound, with_confusion, share)
+            for actor, share in zip(self.actors, shares)
+        ]
         # Fetch every result, failed ones included, so that Ray never prints an "unhandled
         # error" (whose text could describe a record); the first failure is raised for the
         # scorer, which rewrites it without its text.
@@ -131,9 +147,17 @@ class RayScoringPool:
     what Ray reserves per actor; actors that cannot all be placed fail with a clear error.
     """
 
-    def __init__(self, engine_factory: EngineFactory, *, actors: int = 2, address: str | None = None,
-                 num_cpus: int | None = None, cpus_per_actor: float | None = None, max_restarts: int = 3,
-                 startup_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        engine_factory: EngineFactory,
+        *,
+        actors: int = 2,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        cpus_per_actor: float | None = None,
+        max_restarts: int = 3,
+        startup_timeout: float = 600.0,
+    ) -> None:
         if actors < 1:
             raise ValueError(f"distributed.actors: must be >= 1, got {actors}")
         if max_restarts < 0:
@@ -150,7 +174,10 @@ class RayScoringPool:
     def __call__(self, task: Any, engine: Any, sampling_rng: np.random.Generator, secure: bool) -> RayScoring:
         ray = _import_ray()
         if not ray.is_initialized():
-            ray.init(**self._init_options())
+            with warnings.catch_warnings():
+                # ray.init's tip about accelerator variables says nothing about this run (the console shows ours only).
+                warnings.filterwarnings("ignore", message="Tip: In future versions of Ray", category=FutureWarning)
+                ray.init(**self._init_options())
             self._started_ray = True
         bounds = partition_bounds(len(task.private_train), self.actors)
         self._kill_actors()  # a pool reused for another run starts fresh actors, never piles them up
@@ -158,18 +185,20 @@ class RayScoringPool:
         shell = _public_shell(task)
         total_cpus = float(ray.cluster_resources().get("CPU", 1.0))
         cpus = self.cpus_per_actor if self.cpus_per_actor is not None else min(1.0, total_cpus / self.actors)
-        actor_class = ray.remote(num_cpus=cpus, max_restarts=self.max_restarts,
-                                 max_task_retries=self.max_restarts)(PartitionScorer)
-        self._handles = [actor_class.remote(shell, records[start:end], self.engine_factory)
-                         for start, end in bounds]
+        actor_class = ray.remote(num_cpus=cpus, max_restarts=self.max_restarts, max_task_retries=self.max_restarts)(
+            PartitionScorer
+        )
+        self._handles = [actor_class.remote(shell, records[start:end], self.engine_factory) for start, end in bounds]
         del records
         try:  # engines loaded before any charge
             ray.get([actor.ready.remote() for actor in self._handles], timeout=self.startup_timeout)
         except ray.exceptions.GetTimeoutError:
             self.close()
-            raise RuntimeError(f"distributed.actors: {self.actors} actors of {cpus:g} CPU each did not start "
-                               f"within {self.startup_timeout:g} s on a Ray cluster with {total_cpus:g} CPUs; "
-                               "use fewer actors or lower cpus_per_actor") from None
+            raise RuntimeError(
+                f"distributed.actors: {self.actors} actors of {cpus:g} CPU each did not start "
+                f"within {self.startup_timeout:g} s on a Ray cluster with {total_cpus:g} CPUs; "
+                "use fewer actors or lower cpus_per_actor"
+            ) from None
         return RayScoring(self._handles, bounds, sampling_rng, secure)
 
     def _init_options(self) -> dict[str, Any]:
@@ -202,7 +231,7 @@ class RayScoringPool:
                 ray.kill(actor, no_restart=True)
         self._handles = []
 
-    def __enter__(self) -> "RayScoringPool":
+    def __enter__(self) -> RayScoringPool:
         return self
 
     def __exit__(self, *exc: object) -> None:

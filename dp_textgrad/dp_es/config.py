@@ -42,8 +42,10 @@ def config_with(config: DPESConfig | None, settings: Mapping[str, Any]) -> DPESC
     entries (``DPEvolutionStrategy``, ``dp_textgrad.optimize``) merge a config and keywords.
     """
     if config is not None and not isinstance(config, DPESConfig):
-        raise ConfigError(f"config: expected a DPESConfig or None, got {type(config).__name__}; give the settings "
-                          "as keywords instead (epsilon=4.0, generations=6, ...)")
+        raise ConfigError(
+            f"config: expected a DPESConfig or None, got {type(config).__name__}; give the settings "
+            "as keywords instead (epsilon=4.0, generations=6, ...)"
+        )
     try:
         if config is None:
             return DPESConfig(**settings)
@@ -66,18 +68,22 @@ class DPESConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     epsilon: float = Field(4.0, description="total privacy budget epsilon for the whole run")
-    delta: float | None = Field(None, description="total delta; default min(1e-5, 1/(10 N)) for a declared N, "
-                                                  "else 1e-5")
+    delta: float | None = Field(
+        None, description="total delta; default min(1e-5, 1/(10 N)) for a declared N, else 1e-5"
+    )
     generations: int = Field(6, ge=1, le=10_000, description="number of DP generations T")
     population: int = Field(6, ge=2, le=256, description="candidates scored per generation K")
     parents: int = Field(2, ge=1, description="parents kept per generation k")
     elites: int = Field(1, ge=0, description="best candidates carried to the next generation unchanged")
     sampling_rate: float | None = Field(None, description="Poisson sampling rate q in (0, 1]")
     selection: SelectionKind = Field(
-        "gaussian", description="gaussian: noisy scores, top-k of the estimates (free); exponential: Gumbel "
-                                "top-k; permute_and_flip: k permute-and-flip picks (both release indices only)")
+        "gaussian",
+        description="gaussian: noisy scores, top-k of the estimates (free); exponential: Gumbel "
+        "top-k; permute_and_flip: k permute-and-flip picks (both release indices only)",
+    )
     final_selection: FinalSelection = Field(
-        "last", description="'last': free; 'exponential' or 'permute_and_flip': charged, on a fresh subsample")
+        "last", description="'last': free; 'exponential' or 'permute_and_flip': charged, on a fresh subsample"
+    )
     final_epsilon: float = Field(0.5, gt=0, description="epsilon0 of the charged final selection")
     feedback: FeedbackKind = Field("dp_confusion", description="DP aggregate feedback for critiques")
     feedback_noise_ratio: float = Field(3.0, gt=0, description="feedback noise multiplier / score noise multiplier")
@@ -91,29 +97,44 @@ class DPESConfig(BaseModel):
     shrinkage: bool = Field(True, description="rank candidates by empirical-Bayes shrunk estimates (free)")
     use_critiques: bool = Field(True, description="ask the LLM for critiques of the parents before rewriting")
     llm_operators: bool | None = Field(
-        None, description="LLM rewrites and critiques; default: on when the engine follows instructions "
-                          "(off for the default base model, which continues patterns instead)")
+        None,
+        description="LLM rewrites and critiques; default: on when the engine follows instructions "
+        "(off for the default base model, which continues patterns instead)",
+    )
     seed: int = Field(0, description="seed of non-private choices (mutations); never of DP noise")
     insecure_noise_seed: int | None = Field(
         None, description="INSECURE: reproducible DP noise and subsampling, for tests and research only"
     )
     max_prompt_chars: int = Field(1500, ge=50, description="longest candidate prompt kept")
     dataset_size: int | None = Field(
-        None, ge=1, description="the public size N of the private set, declared by its owner (the denominator "
-                                "q*N of every estimate and the base of the default delta and q); default: not "
-                                "declared, then a DP count of N (size_epsilon_share of epsilon) stands for it")
+        None,
+        ge=1,
+        description="the public size N of the private set, declared by its owner (the denominator "
+        "q*N of every estimate and the base of the default delta and q); default: not "
+        "declared, then a DP count of N (size_epsilon_share of epsilon) stands for it",
+    )
     size_epsilon_share: float = Field(
-        0.05, description="share of epsilon spent on the DP count of N when dataset_size is not declared "
-                          "(0 < share < 0.5); the search is calibrated to the rest")
+        0.05,
+        description="share of epsilon spent on the DP count of N when dataset_size is not declared "
+        "(0 < share < 0.5); the search is calibrated to the rest",
+    )
     counted_dataset_size: int | None = Field(
-        None, ge=1, description="the DP count of N this run released (set by the run and kept on resume; to give "
-                                "a public N, set dataset_size instead)")
+        None,
+        ge=1,
+        description="the DP count of N this run released (set by the run and kept on resume; to give "
+        "a public N, set dataset_size instead)",
+    )
     max_record_tokens: int = Field(
-        256, ge=8, le=1_000_000,
-        description="public cap on a private record's length in engine tokens, applied before any charge")
+        256,
+        ge=8,
+        le=1_000_000,
+        description="public cap on a private record's length in engine tokens, applied before any charge",
+    )
     long_records: LongRecords = Field(
-        "truncate", description="private records over max_record_tokens: 'truncate' them (a per-record, "
-                                "data-independent map) or 'reject' the data before anything is charged")
+        "truncate",
+        description="private records over max_record_tokens: 'truncate' them (a per-record, "
+        "data-independent map) or 'reject' the data before anything is charged",
+    )
 
     @field_validator("epsilon")
     @classmethod
@@ -133,8 +154,10 @@ class DPESConfig(BaseModel):
     @classmethod
     def _share_below_half(cls, value: float) -> float:
         if not math.isfinite(value) or not 0 < value < 0.5:
-            raise ValueError(f"size_epsilon_share must be in (0, 0.5), got {value}; the search needs most of the "
-                             "budget (or declare dataset_size and spend nothing on N)")
+            raise ValueError(
+                f"size_epsilon_share must be in (0, 0.5), got {value}; the search needs most of the "
+                "budget (or declare dataset_size and spend nothing on N)"
+            )
         return value
 
     @field_validator("sampling_rate")
@@ -145,10 +168,12 @@ class DPESConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent_schedule(self) -> "DPESConfig":
+    def _consistent_schedule(self) -> DPESConfig:
         if self.dataset_size is not None and self.counted_dataset_size is not None:
-            raise ValueError("counted_dataset_size: a run sets it when N is not declared; with dataset_size "
-                             "declared remove counted_dataset_size")
+            raise ValueError(
+                "counted_dataset_size: a run sets it when N is not declared; with dataset_size "
+                "declared remove counted_dataset_size"
+            )
         if self.parents > self.population:
             raise ValueError(
                 f"parents ({self.parents}) must not exceed population ({self.population}): "
@@ -164,8 +189,10 @@ class DPESConfig(BaseModel):
         if self.privacy == "off" and self.final_selection != "last":
             raise ValueError("privacy: 'off' has no DP final selection; set final_selection='last'")
         if self.feedback != "none" and not strategy.supports_feedback:
-            raise ValueError(f"feedback: DP feedback shares the Gaussian scoring subsample; with "
-                             f"selection='{self.selection}' set feedback='none'")
+            raise ValueError(
+                f"feedback: DP feedback shares the Gaussian scoring subsample; with "
+                f"selection='{self.selection}' set feedback='none'"
+            )
         return self
 
     # -- the dataset size ---------------------------------------------------------------
@@ -189,7 +216,21 @@ class DPESConfig(BaseModel):
         """N as released: the declared size, else the DP count (None before the count)."""
         return self.dataset_size if self.dataset_size is not None else self.counted_dataset_size
 
-    def resolved(self, dataset_size: int | None = None) -> "DPESConfig":
+    @property
+    def resolved_delta(self) -> float:
+        """delta of a resolved config (:meth:`resolved` fills the default)."""
+        if self.delta is None:
+            raise ConfigError("delta: not resolved yet (DPESConfig.resolved fills it from the dataset size)")
+        return self.delta
+
+    @property
+    def resolved_sampling_rate(self) -> float:
+        """The Poisson sampling rate q of a resolved config (:meth:`resolved` fills the default)."""
+        if self.sampling_rate is None:
+            raise ConfigError("sampling_rate: not resolved yet (DPESConfig.resolved fills it from the dataset size)")
+        return self.sampling_rate
+
+    def resolved(self, dataset_size: int | None = None) -> DPESConfig:
         """A copy with the size-dependent defaults (delta, sampling rate) filled in.
 
         N is the declared ``dataset_size``, else the DP count ``counted_dataset_size``.
@@ -201,8 +242,10 @@ class DPESConfig(BaseModel):
         size = self.public_dataset_size
         if size is None:
             if dataset_size is None:
-                raise ValueError("dataset_size: no N to plan with; declare dataset_size (a public N) or let the "
-                                 "run count it (DPEvolutionStrategy does)")
+                raise ValueError(
+                    "dataset_size: no N to plan with; declare dataset_size (a public N) or let the "
+                    "run count it (DPEvolutionStrategy does)"
+                )
             if dataset_size < 1:
                 raise ValueError("private_train: the private dataset is empty; give at least one record")
             size = update["dataset_size"] = int(dataset_size)

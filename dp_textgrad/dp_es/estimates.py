@@ -50,7 +50,7 @@ class ReleasedScores:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ReleasedScores":
+    def from_dict(cls, data: Mapping[str, Any]) -> ReleasedScores:
         confusion = data.get("confusion")
         return cls(
             candidate_ids=list(data["candidate_ids"]),
@@ -66,8 +66,9 @@ class ReleasedScores:
         )
 
 
-def shrink_estimates(means: Sequence[float] | np.ndarray,
-                     variances: Sequence[float] | np.ndarray | float) -> np.ndarray:
+def shrink_estimates(
+    means: Sequence[float] | np.ndarray, variances: Sequence[float] | np.ndarray | float
+) -> np.ndarray:
     """Empirical-Bayes (James-Stein, positive part) shrinkage of noisy estimates. Free.
 
     Model: theta_k ~ N(mu, tau^2), x_k | theta_k ~ N(theta_k, v_k), v_k known (the DP
@@ -81,8 +82,11 @@ def shrink_estimates(means: Sequence[float] | np.ndarray,
     mean, B = (K-3) v / sum (x - mean)^2. Fewer than 4 estimates: returned unchanged.
     """
     x = np.asarray(means, dtype=float).reshape(-1)
-    v = np.broadcast_to(np.asarray(variances, dtype=float), x.shape).astype(float) if np.ndim(variances) == 0 \
+    v = (
+        np.broadcast_to(np.asarray(variances, dtype=float), x.shape).astype(float)
+        if np.ndim(variances) == 0
         else np.asarray(variances, dtype=float).reshape(-1)
+    )
     if v.shape != x.shape:
         raise ValueError(f"variances: need one variance per estimate ({x.size}), got {v.size}")
     if not np.all(np.isfinite(x)):

@@ -1,11 +1,12 @@
 """One generation of DP-ES, as data flow::
 
-    plan.generation(t)  ->  strategy.choose: charge, sample, score, select  (private, charged)
-                        ->  DP feedback sentences from the released confusion matrix (free)
-                        ->  critiques of the parents (public text and DP outputs only)
-                        ->  children by mutation  ->  next population
+    plan.generation_mechanisms(t)  ->  strategy.choose: charge, sample, score, select  (private, charged)
+                                   ->  DP feedback sentences from the released confusion matrix (free)
+                                   ->  MutationEngine.offspring: sanitised feedback, critiques of the
+                                       parents, children (public text and DP outputs only)
+                                   ->  next population
 
-Only :meth:`Generation.run`'s call to ``strategy.choose`` reads private records, through
+Only :meth:`GenerationStep.run`'s call to ``strategy.choose`` reads private records, through
 the scorer, which charges the mechanism the plan gave before reading. Everything after
 it sees public text and DP-released values. Usage is measured per phase so that only the
 public phase's costs are released.
@@ -21,7 +22,13 @@ import numpy as np
 
 from dp_textgrad import runs
 from dp_textgrad.dp_es.estimates import ReleasedScores
-from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, CritiquePipeline, FeedbackSanitiser, MutationEngine, render_confusion
+from dp_textgrad.dp_es.mutation import (
+    NO_LLM_WEIGHTS,
+    CritiquePipeline,
+    FeedbackSanitiser,
+    MutationEngine,
+    render_confusion,
+)
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.replay import ReplayJournal
@@ -48,46 +55,80 @@ class GenerationOutcome:
 
 
 @dataclass
-class Generation:
-    """The parts one generation uses; :meth:`run` passes the data between them in order."""
+class GenerationStep:
+    """The parts one generation uses; :meth:`run` passes the data between them in order.
+
+    ``mutation`` makes the children: the MutationEngine, with its FeedbackSanitiser and, when
+    critiques are on, its CritiquePipeline.
+    """
 
     plan: RunPlan
     task: Any
     engine: Any
     scorer: DPScorer
     population: PopulationManager
-    mutator: Any
-    sanitiser: Any
-    critique: Any | None = None
+    mutation: MutationEngine
 
     @classmethod
-    def build(cls, plan: RunPlan, task: Any, engine: Any, ledger: Any, noise: NoiseSource,
-              public_rng: np.random.Generator, *, dataset_size: int, mutator: Any | None = None,
-              critique: Any | None = None, unsafe_examples: Sequence[Any] = (),
-              scoring: ScoringFactory | None = None, run_dir: runs.RunDir | None = None) -> Generation:
-        """The default parts for a plan; ``mutator``/``critique`` replace the default ones;
+    def build(
+        cls,
+        plan: RunPlan,
+        task: Any,
+        engine: Any,
+        ledger: Any,
+        noise: NoiseSource,
+        public_rng: np.random.Generator,
+        *,
+        dataset_size: int,
+        mutation: MutationEngine | None = None,
+        unsafe_examples: Sequence[Any] = (),
+        scoring: ScoringFactory | None = None,
+        run_dir: runs.RunDir | None = None,
+    ) -> GenerationStep:
+        """The default parts for a plan; ``mutation`` replaces the default MutationEngine;
         ``scoring`` builds where private records are scored (default: this process); ``run_dir``
         keeps the journal of releases and the subsample secret (written here, before any charge)."""
         config = plan.config
         # The subsample must stay secret for amplification: it is drawn from the DP generator.
         backend = scoring(task, engine, noise.sampling_generator, noise.secure) if scoring is not None else None
-        scorer = DPScorer(task, engine, ledger, sampling_rate=config.sampling_rate, dataset_size=dataset_size,
-                          noise=noise, backend=backend)
+        scorer = DPScorer(
+            task,
+            engine,
+            ledger,
+            sampling_rate=config.resolved_sampling_rate,
+            dataset_size=dataset_size,
+            noise=noise,
+            backend=backend,
+        )
         if run_dir is not None:  # a resumable run: an interruption costs nothing where that is sound
             scorer.journal = ReplayJournal(run_dir, noise)
-        llm_operators = config.llm_operators if config.llm_operators is not None \
-            else bool(getattr(engine, "instruction_following", True))
-        description = PublicText(task.description, "user")
-        mutator = mutator or MutationEngine(
-            engine, description, task.labels, task.public_examples, public_rng, mode=config.mode,
-            render_demo=task.render_demo, max_prompt_chars=config.max_prompt_chars, unsafe_examples=unsafe_examples,
-            weights=None if llm_operators else NO_LLM_WEIGHTS)
-        sanitiser = FeedbackSanitiser(mode=config.mode, keep_terms=task.labels)
-        if critique is None and config.use_critiques and llm_operators:
-            critique = CritiquePipeline(engine, sanitiser, config.parents, task_description=description, rng=public_rng)
-        population = PopulationManager(config.population, config.elites, public_rng,
-                                       shrink=None if config.shrinkage else no_shrinkage)
-        return cls(plan, task, engine, scorer, population, mutator, sanitiser, critique)
+        if mutation is None:
+            llm_operators = bool(config.llm_operators)  # decided with the plan (plan.decide_llm_operators)
+            description = PublicText(task.description, "user")
+            sanitiser = FeedbackSanitiser(mode=config.mode, keep_terms=task.labels)
+            critique = (
+                CritiquePipeline(engine, sanitiser, config.parents, task_description=description, rng=public_rng)
+                if config.use_critiques and llm_operators
+                else None
+            )
+            mutation = MutationEngine(
+                engine,
+                description,
+                task.labels,
+                task.public_examples,
+                public_rng,
+                mode=config.mode,
+                render_demo=task.render_demo,
+                max_prompt_chars=config.max_prompt_chars,
+                unsafe_examples=unsafe_examples,
+                weights=None if llm_operators else NO_LLM_WEIGHTS,
+                sanitiser=sanitiser,
+                critique=critique,
+            )
+        population = PopulationManager(
+            config.population, config.elites, public_rng, shrink=None if config.shrinkage else no_shrinkage
+        )
+        return cls(plan, task, engine, scorer, population, mutation)
 
     def run(self, t: int, start: UsageMark | None = None) -> GenerationOutcome:
         """Generation ``t``; ``start``: usage when the step began (set-up before it is public)."""
@@ -96,23 +137,31 @@ class Generation:
         candidates = list(self.population.candidates)
         before_private = UsageMark.of(self.engine)
         # The same mechanism objects the planner composed into the calibrated run event.
-        mechanisms = self.plan.generation(t, len(candidates), float(self.task.clip_bound))
+        mechanisms = self.plan.generation_mechanisms(t, len(candidates), float(self.task.clip_bound))
         choice = strategy.choose(self.scorer, self.population, candidates, mechanisms, t, config.parents)
         after_private = UsageMark.of(self.engine)
 
         best = strategy.current_best(self.population, choice.parents)
         if t + 1 < config.generations:
             feedback = self.feedback_sentences(choice.released)
-            children = self.children(choice.parents, t + 1, feedback)
+            n_children = config.population - min(config.elites, len(choice.parents))
+            children = self.mutation.offspring(choice.parents, n_children, t + 1, feedback)
             self.population.next_generation(children, parents=choice.parents)
         public = (before_private - start) + (UsageMark.of(self.engine) - after_private)
         return GenerationOutcome(best, choice.parents, public, after_private - before_private)
 
     def initialise(self, seed_text: str) -> None:
         """Generation 0's population: the seed prompt and public variants of it."""
-        seed = Candidate(id="g0-seed", text=str(seed_text), parent_ids=(), operator="seed",
-                         operator_meta={}, generation=0, evaluations=[])
-        variants = self.mutator.variants(seed, self.plan.config.population - 1, generation=0)
+        seed = Candidate(
+            id="g0-seed",
+            text=str(seed_text),
+            parent_ids=(),
+            operator="seed",
+            operator_meta={},
+            generation=0,
+            evaluations=[],
+        )
+        variants = self.mutation.variants(seed, self.plan.config.population - 1, generation=0)
         self.population.initialise(seed, variants)
 
     def feedback_sentences(self, released: ReleasedScores | None) -> dict[str, list[PublicText]]:
@@ -121,20 +170,11 @@ class Generation:
             return {}
         matrices = np.asarray(released.confusion)
         return {
-            candidate_id: render_confusion(matrix, self.task.labels, released.expected_batch_size,
-                                           noise_std=released.confusion_noise_std)
+            candidate_id: render_confusion(
+                matrix, self.task.labels, released.expected_batch_size, noise_std=released.confusion_noise_std
+            )
             for candidate_id, matrix in zip(released.confusion_candidate_ids, matrices)
         }
 
-    def children(self, parents: list[Candidate], generation: int,
-                 pending: dict[str, list[PublicText]]) -> list[Candidate]:
-        dp_feedback = {cid: self.sanitiser.sanitise_all(sentences) for cid, sentences in pending.items()}
-        critiques: dict[str, list[PublicText]] = {}
-        if self.critique is not None:
-            critiques = self.critique.critiques_by_parent(parents, dp_feedback)
-        feedback = {p.id: list(dp_feedback.get(p.id, [])) + list(critiques.get(p.id, [])) for p in parents}
-        n_children = self.plan.config.population - min(self.plan.config.elites, len(parents))
-        return self.mutator.children(parents, n_children, generation, feedback=feedback)
 
-
-__all__ = ["Generation", "GenerationOutcome"]
+__all__ = ["GenerationOutcome", "GenerationStep", "no_shrinkage"]

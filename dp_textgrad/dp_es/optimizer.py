@@ -1,6 +1,6 @@
 """The DP-ES loop as a TextGrad optimizer.
 
-One ``step()`` is one :class:`~dp_textgrad.dp_es.generation.Generation`; this module
+One ``step()`` is one :class:`~dp_textgrad.dp_es.generation.GenerationStep`; this module
 adds what surrounds it: set-up, the checks before the first charge, checkpoints after
 every generation, stopping, and the final release. Budget first:
 :class:`DPEvolutionStrategy` calibrates a :class:`~dp_textgrad.dp_es.plan.RunPlan` from
@@ -21,12 +21,19 @@ from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es import size_count
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig, config_with
-from dp_textgrad.dp_es.generation import Generation, no_shrinkage
-from dp_textgrad.dp_es.plan import RunPlan
+from dp_textgrad.dp_es.generation import GenerationStep, no_shrinkage
+from dp_textgrad.dp_es.mutation import CritiquePipeline, MutationEngine
+from dp_textgrad.dp_es.plan import RunPlan, decide_llm_operators
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.preflight import PreflightError, length_tools, preflight
-from dp_textgrad.dp_es.reports import (GenerationReport, GenerationTelemetry, SearchResult, UsageMark, nothing_released,
-                                       refusal_reason)
+from dp_textgrad.dp_es.reports import (
+    GenerationReport,
+    GenerationTelemetry,
+    SearchResult,
+    UsageMark,
+    nothing_released,
+    refusal_reason,
+)
 from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.dp_es.scoring_backends import ScoringFactory
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
@@ -34,7 +41,7 @@ from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.tasks.base import ClassificationTask
 
 _tg = import_textgrad()
-Optimizer = _tg.optimizer.Optimizer
+Optimizer: Any = _tg.optimizer.Optimizer  # TextGrad's base class (textgrad ships no type information)
 
 StopCallback = Callable[[GenerationReport], bool]
 
@@ -54,17 +61,22 @@ class EvolutionController(Optimizer):
         engine: Any,
         plan: RunPlan,
         ledger: PrivacyLedger,
-        mutator: Any | None = None,
-        critique: Any | None = None,
+        mutation: MutationEngine | None = None,
         checkpoint_dir: str | Path | None = None,
         callbacks: Sequence[StopCallback] = (),
-        scoring: ScoringFactory | None = None, noise: NoiseSource | None = None,
+        scoring: ScoringFactory | None = None,
+        noise: NoiseSource | None = None,
     ) -> None:
         parameters = list(parameters)
         if len(parameters) != 1:
             raise ConfigError("parameters: DP-ES optimizes exactly one prompt Variable; pass [prompt]")
         super().__init__(parameters)
         config = plan.config
+        if config.llm_operators is None:  # decided with the plan (DPEvolutionStrategy), never below it
+            raise ConfigError(
+                "plan: its configuration leaves llm_operators undecided; build the run through "
+                "DPEvolutionStrategy (it decides them from the engine) or set llm_operators"
+            )
         self.variable = parameters[0]
         self.engine = engine
         self.plan = plan
@@ -90,9 +102,19 @@ class EvolutionController(Optimizer):
         # A public cap on record length, applied before anything is charged (see with_bounded_records).
         self.task = task.with_bounded_records(*length_tools(engine), config.max_record_tokens, config.long_records)
         unsafe_examples = self._unsafe_examples() if config.mode == "unsafe" else ()
-        self.parts = Generation.build(plan, self.task, engine, ledger, self.noise, self.public_rng, scoring=scoring,
-                                      dataset_size=self.public_dataset_size, mutator=mutator, critique=critique,
-                                      unsafe_examples=unsafe_examples, run_dir=self.run_dir)
+        self.parts = GenerationStep.build(
+            plan,
+            self.task,
+            engine,
+            ledger,
+            self.noise,
+            self.public_rng,
+            scoring=scoring,
+            dataset_size=self.public_dataset_size,
+            mutation=mutation,
+            unsafe_examples=unsafe_examples,
+            run_dir=self.run_dir,
+        )
         if config.mode == "unsafe" and not ledger.unsafe:
             ledger.mark_unsafe("feedback mode 'unsafe': raw private examples reach the mutation LLM")
 
@@ -106,28 +128,32 @@ class EvolutionController(Optimizer):
         return self.parts.scorer
 
     @property
-    def mutation(self) -> Any:
-        return self.parts.mutator
+    def mutation(self) -> MutationEngine:
+        return self.parts.mutation
 
     @property
-    def critique(self) -> Any | None:
-        return self.parts.critique
+    def critique(self) -> CritiquePipeline | None:
+        return self.parts.mutation.critique
 
     noise_multiplier = property(lambda self: self.plan.noise_multiplier, doc="the plan's z (Gaussian scores)")
     selection_epsilon = property(lambda self: self.plan.selection_epsilon, doc="the plan's eps0 per pick")
-    interrupted_charges = property(lambda self: self._interrupted - self.ledger.replayed,  # less those adopted
-                                   lambda self, n: setattr(self, "_interrupted", int(n) + self.ledger.replayed))
+    interrupted_charges = property(
+        lambda self: self._interrupted - self.ledger.replayed,  # less those adopted
+        lambda self, n: setattr(self, "_interrupted", int(n) + self.ledger.replayed),
+    )
 
     @property
     def planned_private_evaluations(self) -> float:
         """Expected record evaluations per generation, q N K: public (the realised count is not)."""
-        return float(self.config.sampling_rate) * self.public_dataset_size * self.config.population
+        return self.config.resolved_sampling_rate * self.public_dataset_size * self.config.population
 
-    public_dataset_size = property(lambda self: int(self.config.public_dataset_size), doc="N: declared, or the DP count")
+    public_dataset_size = property(
+        lambda self: int(self.config.public_dataset_size), doc="N: declared, or the DP count"
+    )
 
     def _unsafe_examples(self) -> list[Any]:
         # Unsafe mode is an explicit research baseline: the one place private text is unwrapped
-        # for the mutator, and the ledger says the run is NOT differentially private.
+        # for the MutationEngine, and the ledger says the run is NOT differentially private.
         count = min(self.config.unsafe_examples, len(self.task.private_train))
         picks = self.public_rng.choice(len(self.task.private_train), size=count, replace=False)
         return [self.task.private_train[int(i)].unwrap() for i in picks]
@@ -163,16 +189,18 @@ class EvolutionController(Optimizer):
             outcome = self.parts.run(t, start)
         except BudgetExceeded as exc:
             self._refusal = exc
-            self.stopped_because = refusal_reason(exc, t, self.config.generations, self.ledger.epsilon(),
-                                                  self.interrupted_charges)
+            self.stopped_because = refusal_reason(
+                exc, t, self.config.generations, self.ledger.epsilon(), self.interrupted_charges
+            )
             self._save_checkpoint()
             return None
         self.variable.set_value(outcome.best.text)
         self.generation = t + 1
         report = self._report(t, outcome.best, outcome.public_usage)
         private = outcome.private_usage
-        telemetry = GenerationTelemetry(private.calls, private.prompt_tokens, private.completion_tokens,
-                                        seconds=time.perf_counter() - started)
+        telemetry = GenerationTelemetry(
+            private.calls, private.prompt_tokens, private.completion_tokens, seconds=time.perf_counter() - started
+        )
         self.history.append(report)
         self.telemetry.append(telemetry)
         self._save_checkpoint(report, telemetry)
@@ -190,7 +218,9 @@ class EvolutionController(Optimizer):
             best_candidate_id=best.id,
             best_estimate=float(shrunk.get(best.id, float("nan"))),
             mean_estimate=float(np.mean(values)) if values else float("nan"),
-            noise_std_estimate=float(best.estimate_std) if best.evaluations else float("nan"),
+            noise_std_estimate=float(best.estimate_std)
+            if best.evaluations and best.estimate_std is not None
+            else float("nan"),
             epsilon_spent=self.ledger.epsilon(),
             epsilons=self.ledger.epsilons(),
             public_calls=public.calls,
@@ -236,9 +266,11 @@ class EvolutionController(Optimizer):
             lineage=[c.to_dict() for c in self.population.lineage(best.id)],
             noise=self.noise.sampler,
             # From the history, so a resumed run counts the generations before the resume too.
-            public_usage={"calls": sum(h.public_calls for h in self.history),
-                          "prompt_tokens": sum(h.public_prompt_tokens for h in self.history),
-                          "completion_tokens": sum(h.public_completion_tokens for h in self.history)},
+            public_usage={
+                "calls": sum(h.public_calls for h in self.history),
+                "prompt_tokens": sum(h.public_prompt_tokens for h in self.history),
+                "completion_tokens": sum(h.public_completion_tokens for h in self.history),
+            },
             planned_private_evaluations=self.planned_private_evaluations,
         )
 
@@ -268,7 +300,7 @@ class EvolutionController(Optimizer):
             config=self.config.model_dump(),
             plan_value=self.plan.value,
             population=self.population.to_dict(),
-            public_rng_state=self.public_rng.bit_generator.state,
+            public_rng_state=dict(self.public_rng.bit_generator.state),
             history=[h.as_dict() for h in self.history],
             stopped_because=self.stopped_because,
             variable_value=self.variable.value,
@@ -276,21 +308,24 @@ class EvolutionController(Optimizer):
             interrupted_charges=self.interrupted_charges - self.ledger.pending_replays,
         )
 
-    def _save_checkpoint(self, report: GenerationReport | None = None,
-                         telemetry: GenerationTelemetry | None = None) -> None:
+    def _save_checkpoint(
+        self, report: GenerationReport | None = None, telemetry: GenerationTelemetry | None = None
+    ) -> None:
         if self.run_dir is None:
             return
         # The ledger is on disk already: it wrote itself at every charge, before any data was read.
         if report is not None:
             line = {**report.as_dict(), **(telemetry.as_dict() if telemetry is not None else {})}
-            runs.append_released_jsonl(self.run_dir.path, runs.METRICS_NAME, "metrics", line,
-                                       key={"generation": report.generation})
+            runs.append_released_jsonl(
+                self.run_dir.path, runs.METRICS_NAME, "metrics", line, key={"generation": report.generation}
+            )
         self.run_dir.write_state(self.state())
 
     def _restore(self, state: runs.RunState) -> None:
         self.generation = int(state.generation)
         self.parts.population = PopulationManager.from_dict(
-            state.population, rng=self.public_rng, shrink=None if self.config.shrinkage else no_shrinkage)
+            state.population, rng=self.public_rng, shrink=None if self.config.shrinkage else no_shrinkage
+        )
         self.public_rng.bit_generator.state = state.public_rng_state
         self.history = [GenerationReport.from_dict(h) for h in state.history]
         self.stopped_because = None
@@ -332,8 +367,7 @@ class DPEvolutionStrategy(EvolutionController):
         config: DPESConfig | None = None,
         checkpoint_dir: str | Path | None = None,
         callbacks: Sequence[StopCallback] = (),
-        mutator: Any | None = None,
-        critique: Any | None = None,
+        mutation: MutationEngine | None = None,
         ledger: PrivacyLedger | None = None,
         plan: RunPlan | None = None,
         scoring: ScoringFactory | None = None,
@@ -342,22 +376,39 @@ class DPEvolutionStrategy(EvolutionController):
         base = config_with(config, settings)
         if not isinstance(task, ClassificationTask):
             raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
-        ledger, resolved, noise, counted = size_count.stage_one(base, task, engine, parameters, ledger, plan, checkpoint_dir)
-        if resolved.llm_operators is None:  # decided by the engine; the plan needs it (is feedback read?)
-            resolved = resolved.model_copy(update={"llm_operators": bool(getattr(engine, "instruction_following",
-                                                                                 True))})
+        ledger, resolved, noise, counted = size_count.stage_one(
+            base, task, engine, parameters, ledger, plan, checkpoint_dir
+        )
+        # Decided here, before the plan (is feedback read?); the resolved configuration carries the bool.
+        resolved = resolved.model_copy(
+            update={
+                "llm_operators": decide_llm_operators(
+                    resolved.llm_operators, getattr(engine, "instruction_following", True)
+                )
+            }
+        )
         if plan is None:
             plan = RunPlan.calibrated(resolved)
         elif plan.config != resolved:
             raise ConfigError("plan: it was made for another configuration; omit it to calibrate this one")
         if ledger is None:
-            ledger = PrivacyLedger(resolved.epsilon, resolved.delta)
+            ledger = PrivacyLedger(resolved.epsilon, resolved.resolved_delta)
         if resolved.privacy == "off" and not ledger.unsafe:
             ledger.mark_unsafe("privacy 'off': non-private baseline; exact scores on private data, no noise")
         elif (ledger.epsilon_budget, ledger.delta) != (resolved.epsilon, resolved.delta):
             raise ConfigError("ledger: its budget differs from the configuration's epsilon/delta")
-        super().__init__(parameters, task=task, engine=engine, plan=plan, ledger=ledger, mutator=mutator, noise=noise,
-                         critique=critique, checkpoint_dir=checkpoint_dir, callbacks=callbacks, scoring=scoring)
+        super().__init__(
+            parameters,
+            task=task,
+            engine=engine,
+            plan=plan,
+            ledger=ledger,
+            mutation=mutation,
+            noise=noise,
+            checkpoint_dir=checkpoint_dir,
+            callbacks=callbacks,
+            scoring=scoring,
+        )
         if counted:  # the engine was checked before the count (size_count.py); a resume reuses the count
             self._preflight_done = True
             self._save_checkpoint()
@@ -389,8 +440,17 @@ class DPEvolutionStrategy(EvolutionController):
         # charge, so it can be ahead of the checkpoint): load it before anything else.
         ledger = PrivacyLedger.from_jsonl(run_dir.ledger)
         plan = RunPlan.with_value(size_count.resolved_for_run(config, task), state.plan_value)
-        opt = cls(parameters, task=task, engine=engine, config=config, checkpoint_dir=run_dir.path,
-                  callbacks=callbacks, ledger=ledger, plan=plan, **kwargs)
+        opt = cls(
+            parameters,
+            task=task,
+            engine=engine,
+            config=config,
+            checkpoint_dir=run_dir.path,
+            callbacks=callbacks,
+            ledger=ledger,
+            plan=plan,
+            **kwargs,
+        )
         opt._restore(state)
         return opt
 

@@ -1,10 +1,12 @@
 """The plan of a run: its calibrated parameter and the mechanisms each generation runs.
 
 The planner and the running generation ask the same question,
-``RunPlan.generation(t, ...)``, and get the same mechanism objects back; the event of the
-whole run is composed from those objects' own events. So the event that calibration
-fitted into (epsilon, delta) is, by construction, the sequence of events the ledger is
-charged at run time. Planning touches no data and imports no engine, task or textgrad.
+``RunPlan.generation_mechanisms(t, ...)``, and get the same mechanism objects back; the
+event of the whole run is composed from those objects' own events. So the event that
+calibration fitted into (epsilon, delta) is, by construction, the sequence of events the
+ledger is charged at run time. Planning touches no data and imports no engine, task or
+textgrad. Whether the LLM operators run (and so whether DP feedback is read and charged)
+is decided here too, once, before calibration (:func:`decide_llm_operators`).
 
 When N is not declared, the run is two stages (``docs/privacy.md``, "The dataset size"):
 a pure-DP count of N (``size_count``), then the search, planned from the noisy count and
@@ -21,12 +23,28 @@ from dataclasses import dataclass
 import dp_accounting
 
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig
-from dp_textgrad.dp_es.selector import GenerationMechanisms, DPSelector, strategy_for
+from dp_textgrad.dp_es.selector import DPSelector, GenerationMechanisms, strategy_for
+from dp_textgrad.privacy.accounting.accountants import Accountant
+from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountants
 from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
-from dp_textgrad.privacy.accounting.accountants import Accountant
-from dp_textgrad.privacy.accounting.bounds import _all_bounds, default_accountants
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism, SelectionMechanism, selection_mechanism
+
+
+def decide_llm_operators(declared: bool | None, instruction_following: bool) -> bool:
+    """Whether a run uses the LLM operators (rewrites, crossovers, critiques): the one place this is decided.
+
+    ``declared`` is the configuration's ``llm_operators`` (None: not declared);
+    ``instruction_following`` is the engine's declaration (``Engine.instruction_following``, or
+    the no-load answer for the engine a run file names). A declared value wins; otherwise the
+    operators are on exactly when the engine follows rewrite instructions (a base model
+    continues patterns instead). The plan depends on the answer (feedback is charged only
+    where an LLM operator reads it), so it is decided before calibration, by
+    ``DPEvolutionStrategy`` for a run and by ``dp-textgrad budget`` for its estimate, and the
+    resolved configuration carries the bool from then on.
+    """
+    return bool(instruction_following) if declared is None else bool(declared)
+
 
 # The budgets calibration supports: tested and timed there (docs/performance.md). Past 1e4 the
 # PLD's loss range outgrows floats and calibration slows down (40 s at 1e6) for budgets that
@@ -62,8 +80,9 @@ class RunPlan:
         return self.value if self.strategy.calibrates == "epsilon0" else None
 
     # -- the mechanisms (asked by the planner and by the running generation alike) -------
-    def generation(self, t: int, num_candidates: int | None = None,
-                   clip_bound: float = _PLAN_CLIP_BOUND) -> GenerationMechanisms:
+    def generation_mechanisms(
+        self, t: int, num_candidates: int | None = None, clip_bound: float = _PLAN_CLIP_BOUND
+    ) -> GenerationMechanisms:
         count = self.config.population if num_candidates is None else num_candidates
         return self.strategy.mechanisms(self.config, self.value, t, count, clip_bound)
 
@@ -98,17 +117,17 @@ class RunPlan:
         """Each accountant's bound on the whole run at ``delta``: the count's pure epsilon plus
         the search's bound (basic composition of the two stages, as the ledger reports it)."""
         accountants = default_accountants() if accountants is None else accountants
-        search = _all_bounds(accountants, [self.search_event], delta)
+        search = all_bounds(accountants, [self.search_event], delta)
         return {name: self.config.size_epsilon + value for name, value in search.items()}
 
     def remaining_event(self, start: int) -> dp_accounting.DpEvent:
         """Generations ``start`` .. T-1, then the final release (what a resumed run may still spend)."""
         if self.strategy.calibrates is None:
             return dp_accounting.NonPrivateDpEvent()
-        q = float(self.config.sampling_rate)
+        q = self.config.resolved_sampling_rate
         runs: list[list] = []  # consecutive identical generations, self-composed (fast to account)
         for t in range(start, self.config.generations):
-            parts = self.generation(t).events(q)
+            parts = self.generation_mechanisms(t).events(q)
             event = parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
             if runs and runs[-1][0] == event:
                 runs[-1][1] += 1
@@ -140,22 +159,50 @@ class RunPlan:
             return cls(config, None)
         low, high = CALIBRATION_EPSILON_RANGE
         if not low <= config.epsilon <= high:  # the budget as given; the search gets more than half of it
-            raise ConfigError(f"epsilon: calibration supports {low:g} <= epsilon <= {high:g}, got {config.epsilon:g}; "
-                              "choose a budget in that range (for a non-private baseline set privacy = \"off\")")
+            raise ConfigError(
+                f"epsilon: calibration supports {low:g} <= epsilon <= {high:g}, got {config.epsilon:g}; "
+                'choose a budget in that range (for a non-private baseline set privacy = "off")'
+            )
         # The search alone is calibrated, to the budget less the count's (stage 2 of two).
         return cls(config, _calibrated_value(_schedule_key(config), config.search_epsilon))
 
 
-_SCHEDULE_FIELDS = ("epsilon", "delta", "generations", "population", "parents", "sampling_rate", "selection",
-                    "final_selection", "final_epsilon", "feedback", "feedback_noise_ratio", "privacy",
-                    "llm_operators")  # everything the plan's mechanisms depend on
+_SCHEDULE_FIELDS = (
+    "epsilon",
+    "delta",
+    "generations",
+    "population",
+    "parents",
+    "sampling_rate",
+    "selection",
+    "final_selection",
+    "final_epsilon",
+    "feedback",
+    "feedback_noise_ratio",
+    "privacy",
+    "llm_operators",
+)  # everything the plan's mechanisms depend on
 
 
 # Fields that change no mechanism of the plan (a test checks the two lists cover DPESConfig).
 # The count of N is planned from size_epsilon_share * epsilon, passed to the memo as the search's target.
-PLAN_INDEPENDENT_FIELDS = frozenset({"elites", "mode", "unsafe_examples", "shrinkage", "use_critiques", "seed",
-                                     "insecure_noise_seed", "max_prompt_chars", "dataset_size", "max_record_tokens",
-                                     "long_records", "size_epsilon_share", "counted_dataset_size"})
+PLAN_INDEPENDENT_FIELDS = frozenset(
+    {
+        "elites",
+        "mode",
+        "unsafe_examples",
+        "shrinkage",
+        "use_critiques",
+        "seed",
+        "insecure_noise_seed",
+        "max_prompt_chars",
+        "dataset_size",
+        "max_record_tokens",
+        "long_records",
+        "size_epsilon_share",
+        "counted_dataset_size",
+    }
+)
 
 
 def _schedule_key(config: DPESConfig) -> tuple:
@@ -165,10 +212,11 @@ def _schedule_key(config: DPESConfig) -> tuple:
 @functools.lru_cache(maxsize=64)
 def _calibrated_value(key: tuple, search_epsilon: float) -> float:
     config = DPESConfig(**dict(key))
-    calibrate = calibrate_noise_multiplier if strategy_for(config).calibrates == "noise_multiplier" \
-        else calibrate_pure_epsilon
+    calibrate = (
+        calibrate_noise_multiplier if strategy_for(config).calibrates == "noise_multiplier" else calibrate_pure_epsilon
+    )
     try:
-        return calibrate(lambda x: RunPlan(config, x).search_event, search_epsilon, config.delta)
+        return calibrate(lambda x: RunPlan(config, x).search_event, search_epsilon, config.resolved_delta)
     except BudgetExceeded:
         raise
     except (ValueError, RuntimeError) as exc:
@@ -178,4 +226,4 @@ def _calibrated_value(key: tuple, search_epsilon: float) -> float:
         ) from None
 
 
-__all__ = ["CALIBRATION_EPSILON_RANGE", "RunPlan"]
+__all__ = ["CALIBRATION_EPSILON_RANGE", "RunPlan", "decide_llm_operators"]

@@ -57,7 +57,7 @@ class ScoreEstimate:
         return {"generation": self.generation, "estimate": self.estimate, "noise_std": self.noise_std}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ScoreEstimate":
+    def from_dict(cls, data: Mapping[str, Any]) -> ScoreEstimate:
         return cls(int(data["generation"]), float(data["estimate"]), float(data["noise_std"]))
 
 
@@ -87,12 +87,26 @@ class Candidate:
         self.parent_ids = tuple(self.parent_ids)
 
     @classmethod
-    def new(cls, text: str, *, generation: int, operator: str, parent_ids: Iterable[str] = (),
-            operator_meta: Mapping[str, Any] | None = None, unsafe: bool = False) -> "Candidate":
+    def new(
+        cls,
+        text: str,
+        *,
+        generation: int,
+        operator: str,
+        parent_ids: Iterable[str] = (),
+        operator_meta: Mapping[str, Any] | None = None,
+        unsafe: bool = False,
+    ) -> Candidate:
         """A fresh candidate with a reproducible id."""
-        return cls(id=make_candidate_id(text, generation), text=str(text), parent_ids=tuple(parent_ids),
-                   operator=operator, operator_meta=dict(operator_meta or {}), generation=generation,
-                   unsafe=unsafe)
+        return cls(
+            id=make_candidate_id(text, generation),
+            text=str(text),
+            parent_ids=tuple(parent_ids),
+            operator=operator,
+            operator_meta=dict(operator_meta or {}),
+            generation=generation,
+            unsafe=unsafe,
+        )
 
     @property
     def key(self) -> str:
@@ -135,7 +149,7 @@ class Candidate:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Candidate":
+    def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
         return cls(
             id=str(data["id"]),
             text=str(data["text"]),
@@ -174,8 +188,9 @@ class PopulationManager:
     non-private) picks which children fill the free slots when there are too many.
     """
 
-    def __init__(self, size: int, elites: int, rng: np.random.Generator | None = None,
-                 *, shrink: ShrinkFn | None = None) -> None:
+    def __init__(
+        self, size: int, elites: int, rng: np.random.Generator | None = None, *, shrink: ShrinkFn | None = None
+    ) -> None:
         if size < 1:
             raise ValueError(f"size: the population needs at least 1 candidate, got {size}")
         if not 0 <= elites <= size:
@@ -296,8 +311,9 @@ class PopulationManager:
         order = sorted(range(len(self._population)), key=key)
         return [self._archive[self._population[i]] for i in order[:n]]
 
-    def next_generation(self, children: Sequence[Candidate], parents: Sequence[Candidate] | None = None
-                        ) -> list[Candidate]:
+    def next_generation(
+        self, children: Sequence[Candidate], parents: Sequence[Candidate] | None = None
+    ) -> list[Candidate]:
         """Elites + deduplicated children; the best of the rest fill any free slots.
 
         Elites are the first ``self.elites`` of ``parents`` when given (best first, e.g.
@@ -352,8 +368,9 @@ class PopulationManager:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], rng: np.random.Generator | None = None,
-                  *, shrink: ShrinkFn | None = None) -> "PopulationManager":
+    def from_dict(
+        cls, data: Mapping[str, Any], rng: np.random.Generator | None = None, *, shrink: ShrinkFn | None = None
+    ) -> PopulationManager:
         """Rebuild a manager; ``rng`` defaults to a PCG64 generator restored to the saved state."""
         if rng is None:
             rng = np.random.default_rng()

@@ -38,8 +38,10 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
         try:
             check_reachable()
         except Exception as exc:  # its text names the public URL only
-            raise PreflightError(f"preflight: the engine's server cannot be reached, before anything was charged: "
-                                 f"{' '.join(str(exc).split())}") from None
+            raise PreflightError(
+                f"preflight: the engine's server cannot be reached, before anything was charged: "
+                f"{' '.join(str(exc).split())}"
+            ) from None
     count_tokens, truncate = length_tools(engine)
     cap = max_record_tokens
     probe = truncate(" ".join(["word"] * (2 * cap)), cap)
@@ -58,11 +60,15 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
     try:
         scores = np.asarray(engine.score_choices_batch(prefix, [task.render_record(probe)], choices))
     except Exception as exc:  # public probe: its error text holds no private data
-        raise PreflightError(f"preflight: the engine failed on a public probe before anything was charged "
-                             f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+        raise PreflightError(
+            f"preflight: the engine failed on a public probe before anything was charged "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())})"
+        ) from None
     if scores.shape != (1, len(choices)) or not np.all(np.isfinite(scores)):
-        raise PreflightError("preflight: the engine returned malformed scores for a public probe "
-                             f"(shape {scores.shape}); check the engine")
+        raise PreflightError(
+            "preflight: the engine returned malformed scores for a public probe "
+            f"(shape {scores.shape}); check the engine"
+        )
 
 
 __all__ = ["PreflightError", "length_tools", "preflight"]

@@ -83,7 +83,7 @@ class ReplayJournal:
         return charge_generator(self._secret, key)
 
     def path(self, index: int) -> Path:
-        return self.run_dir.releases / f"{index}.json"
+        return self.run_dir.release(index)
 
     def read(self, index: int, label: str, inputs: str) -> dict[str, Any] | None:
         """The journaled parts of entry ``index``'s release ({} when none was written), or None when
@@ -101,11 +101,14 @@ class ReplayJournal:
 
     def write(self, charge: Charge) -> None:
         runs.operator_dir(self.run_dir.path)
-        _io.atomic_write_json(self.path(charge.index), {"index": charge.index, "label": charge.label,
-                                                        "inputs": charge.inputs, "parts": charge.journaled})
+        _io.atomic_write_json(
+            self.path(charge.index),
+            {"index": charge.index, "label": charge.label, "inputs": charge.inputs, "parts": charge.journaled},
+        )
 
-    def charge(self, ledger: Any, event: Any, label: str, metadata: Mapping[str, Any], *,
-               replayable: bool, inputs: str = "") -> Charge:
+    def charge(
+        self, ledger: Any, event: Any, label: str, metadata: Mapping[str, Any], *, replayable: bool, inputs: str = ""
+    ) -> Charge:
         """Adopt the interrupted attempt's entry for this charge when that is sound, else spend.
 
         Sound: the attempt recorded the charge with the same public ``inputs`` and either its
@@ -116,8 +119,11 @@ class ReplayJournal:
         """
         entry = pending_entry(ledger, event, label, metadata)
         journaled = self.read(entry.index, label, inputs) if entry is not None else None
-        if entry is not None and journaled is not None and (
-                journaled.get("complete") or (replayable and self.secret_predates_resume)):
+        if (
+            entry is not None
+            and journaled is not None
+            and (journaled.get("complete") or (replayable and self.secret_predates_resume))
+        ):
             ledger.adopt_next()
             return Charge(entry.index, label, True, journaled, self, inputs)
         # Recorded before the spend (at the index it will take), so that no kill falls between them.

@@ -72,16 +72,25 @@ class UsageMark:
     @classmethod
     def of(cls, engine: Any) -> UsageMark:
         usage = getattr(engine, "usage", None)
-        return cls(int(getattr(usage, "calls", 0)), int(getattr(usage, "prompt_tokens", 0)),
-                   int(getattr(usage, "completion_tokens", 0)))
+        return cls(
+            int(getattr(usage, "calls", 0)),
+            int(getattr(usage, "prompt_tokens", 0)),
+            int(getattr(usage, "completion_tokens", 0)),
+        )
 
     def __sub__(self, other: UsageMark) -> UsageMark:
-        return UsageMark(self.calls - other.calls, self.prompt_tokens - other.prompt_tokens,
-                         self.completion_tokens - other.completion_tokens)
+        return UsageMark(
+            self.calls - other.calls,
+            self.prompt_tokens - other.prompt_tokens,
+            self.completion_tokens - other.completion_tokens,
+        )
 
     def __add__(self, other: UsageMark) -> UsageMark:
-        return UsageMark(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
-                         self.completion_tokens + other.completion_tokens)
+        return UsageMark(
+            self.calls + other.calls,
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
 
 
 @dataclass
@@ -109,28 +118,47 @@ class SearchResult:
         return out
 
 
-
 def refusal_reason(exc: BudgetExceeded, t: int, generations: int, spent: float, interrupted: int) -> str:
     """Why a run stopped when generation ``t``'s charge was refused (its own budget, or the
     dataset's lifetime cap that other runs on the same data used up)."""
-    lost = (f"; {interrupted} charge(s) of an interrupted generation were spent without a result, which is why "
-            "the plan no longer fits") if interrupted else ""
+    lost = (
+        (
+            f"; {interrupted} charge(s) of an interrupted generation were spent without a result, which is why "
+            "the plan no longer fits"
+        )
+        if interrupted
+        else ""
+    )
     if isinstance(exc, LifetimeCapExceeded):
-        return (f"the dataset's lifetime cap {exc.cap:g} was reached before generation {t + 1} of {generations}: "
-                f"its charge {exc.label!r} would raise the dataset's lifetime filter bound to {exc.epsilon:.4g} (this "
-                f"run spent {spent:.4g}){lost}")
-    return (f"budget exhausted before generation {t + 1} of {generations}: its charge {exc.label!r} would raise "
-            f"epsilon to {exc.epsilon:.4g} over the budget {exc.budget:g} (spent {spent:.4g}){lost}")
-
+        return (
+            f"the dataset's lifetime cap {exc.cap:g} was reached before generation {t + 1} of {generations}: "
+            f"its charge {exc.label!r} would raise the dataset's lifetime filter bound to {exc.epsilon:.4g} (this "
+            f"run spent {spent:.4g}){lost}"
+        )
+    return (
+        f"budget exhausted before generation {t + 1} of {generations}: its charge {exc.label!r} would raise "
+        f"epsilon to {exc.epsilon:.4g} over the budget {exc.budget:g} (spent {spent:.4g}){lost}"
+    )
 
 
 def nothing_released(refusal: BudgetExceeded | None, ledger: Any, interrupted: int) -> BudgetExceeded:
     """The error of a run whose first generation's charge was refused (nothing to release)."""
     if isinstance(refusal, LifetimeCapExceeded):
-        return LifetimeCapExceeded(refusal.epsilon, refusal.cap, refusal.delta,
-                                   f"generation 0's charge {refusal.label!r} (nothing was released)", refusal.label)
-    lost = (f"; {interrupted} charge(s) of an interrupted generation were spent without a result, so the plan "
-            "no longer fits; nothing was released") if interrupted else ""
+        return LifetimeCapExceeded(
+            refusal.epsilon,
+            refusal.cap,
+            refusal.delta,
+            f"generation 0's charge {refusal.label!r} (nothing was released)",
+            refusal.label,
+        )
+    lost = (
+        (
+            f"; {interrupted} charge(s) of an interrupted generation were spent without a result, so the plan "
+            "no longer fits; nothing was released"
+        )
+        if interrupted
+        else ""
+    )
     epsilon = refusal.epsilon if refusal is not None else math.inf
     return BudgetExceeded("generation 0", epsilon, ledger.epsilon_budget, ledger.delta, lost)
 

@@ -1,10 +1,12 @@
 """DP scoring of candidate prompts on private records: the one place the algorithm reads them.
 
-Per generation the :class:`DPScorer` charges the ledger FIRST with the event of the
-mechanism it is about to run, then has its scoring backend (:mod:`dp_textgrad.dp_es.scoring_backends`:
-this process, or Ray workers) draw a Poisson subsample B (rate q, secret) and compute for
-each candidate k the utility sum u_k = sum over B of clip(s_{i,k}, 0, C) (sensitivity C
-per candidate, see :mod:`dp_textgrad.privacy.mechanisms`); the noise is added here.
+This module is the mechanism side (charge, noise, release); ``scoring_backends.py`` is only
+where the clipped sums are computed. Per generation the :class:`DPScorer` charges the
+ledger FIRST with the event of the mechanism it is about to run, then has its scoring
+backend (:mod:`dp_textgrad.dp_es.scoring_backends`: this process, Ray workers or federated
+silos) draw a Poisson subsample B (rate q, secret) and compute for each candidate k the
+utility sum u_k = sum over B of clip(s_{i,k}, 0, C) (sensitivity C per candidate, see
+:mod:`dp_textgrad.privacy.mechanisms`); the noise is added here.
 
 - :meth:`DPScorer.score` runs a ``GaussianScoreMechanism``: all K noisy sums, plus
   noisy confusion matrices on the same subsample when the mechanism releases feedback.
@@ -22,13 +24,20 @@ import hashlib
 import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
 from dp_textgrad.dp_es.estimates import ReleasedScores
 from dp_textgrad.dp_es.replay import Charge, ReplayJournal
-from dp_textgrad.dp_es.scoring_backends import LocalScoring, ScoringBackend, SubsampleTotals, adds_noise
+from dp_textgrad.dp_es.scoring_backends import (
+    LocalScoring,
+    NoisingBackend,
+    ScoringBackend,
+    SeededScoringBackend,
+    SubsampleTotals,
+    adds_noise,
+)
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.privacy.mechanisms import (
     GaussianScoreMechanism,
@@ -84,8 +93,8 @@ class DPScorer:
 
     def __init__(
         self,
-        task: "ClassificationTask",
-        engine: "Engine",
+        task: ClassificationTask,
+        engine: Engine,
         ledger: LedgerLike,
         *,
         sampling_rate: float,
@@ -124,8 +133,13 @@ class DPScorer:
         return self.sampling_rate * self.dataset_size
 
     # -- mechanisms (these read private data, after charging the mechanism's own event) ----
-    def score(self, candidates: Sequence[CandidateLike], mechanism: GaussianScoreMechanism, label: str,
-              feedback_candidates: FeedbackChoice = ()) -> ReleasedScores:
+    def score(
+        self,
+        candidates: Sequence[CandidateLike],
+        mechanism: GaussianScoreMechanism,
+        label: str,
+        feedback_candidates: FeedbackChoice = (),
+    ) -> ReleasedScores:
         """Noisy utility sums of every candidate (+ noisy confusion matrices of feedback candidates).
 
         ``mechanism`` is the object the plan holds for this generation: its event is
@@ -145,23 +159,34 @@ class DPScorer:
         if not isinstance(mechanism, GaussianScoreMechanism):
             raise TypeError("mechanism: score() runs a GaussianScoreMechanism; use select() for selections")
         if mechanism.num_candidates != len(candidates):
-            raise ValueError(f"mechanism.num_candidates: is {mechanism.num_candidates} but "
-                             f"{len(candidates)} candidates were given")
+            raise ValueError(
+                f"mechanism.num_candidates: is {mechanism.num_candidates} but {len(candidates)} candidates were given"
+            )
         if float(mechanism.clip_bound) != self.clip_bound:
-            raise ValueError(f"mechanism.clip_bound: must be the task's clip_bound ({self.clip_bound}), "
-                             f"got {mechanism.clip_bound}")
+            raise ValueError(
+                f"mechanism.clip_bound: must be the task's clip_bound ({self.clip_bound}), got {mechanism.clip_bound}"
+            )
         fixed = None if callable(feedback_candidates) else self._check_feedback(feedback_candidates, len(candidates))
         wants_feedback = callable(feedback_candidates) or bool(fixed)
         if mechanism.releases_feedback != wants_feedback:
-            raise ValueError("feedback_candidates: give them exactly when the mechanism releases confusion "
-                             "matrices (feedback_noise_multiplier set); the charge must match the release")
-        charge = self._charge(mechanism, label, candidates, {"feedback_candidates": 1 if callable(feedback_candidates)
-                                                             else len(fixed or [])})
+            raise ValueError(
+                "feedback_candidates: give them exactly when the mechanism releases confusion "
+                "matrices (feedback_noise_multiplier set); the charge must match the release"
+            )
+        charge = self._charge(
+            mechanism,
+            label,
+            candidates,
+            {"feedback_candidates": 1 if callable(feedback_candidates) else len(fixed or [])},
+        )
         # ---- private data is read only below this line, after the charge ----
-        return self._run(candidates, label, mechanism, feedback_candidates if callable(feedback_candidates) else fixed,
-                         charge)
+        return self._run(
+            candidates, label, mechanism, feedback_candidates if callable(feedback_candidates) else fixed, charge
+        )
 
-    def score_exact(self, candidates: Sequence[CandidateLike], feedback_candidates: FeedbackChoice = ()) -> ReleasedScores:
+    def score_exact(
+        self, candidates: Sequence[CandidateLike], feedback_candidates: FeedbackChoice = ()
+    ) -> ReleasedScores:
         """NOT PRIVATE: exact scores (and confusion matrices) on a subsample, for baselines.
 
         Allowed only with a ledger already marked unsafe, so the run's record says it is
@@ -169,15 +194,27 @@ class DPScorer:
         with zero noise.
         """
         if not getattr(self.ledger, "unsafe", False):
-            raise PermissionError("score_exact: reads private data without noise; the ledger must first be "
-                                  "marked unsafe (use DPESConfig(privacy='off') for a non-private baseline)")
+            raise PermissionError(
+                "score_exact: reads private data without noise; the ledger must first be "
+                "marked unsafe (use DPESConfig(privacy='off') for a non-private baseline)"
+            )
         candidates = _check_candidates(candidates)
         fixed = None if callable(feedback_candidates) else self._check_feedback(feedback_candidates, len(candidates))
-        return self._run(candidates, "exact scores (privacy off)", None,
-                         feedback_candidates if callable(feedback_candidates) else fixed)
+        return self._run(
+            candidates,
+            "exact scores (privacy off)",
+            None,
+            feedback_candidates if callable(feedback_candidates) else fixed,
+        )
 
-    def _run(self, candidates: list[CandidateLike], label: str, mechanism: GaussianScoreMechanism | None,
-             feedback: Any, charge: Charge | None = None) -> ReleasedScores:
+    def _run(
+        self,
+        candidates: list[CandidateLike],
+        label: str,
+        mechanism: GaussianScoreMechanism | None,
+        feedback: Any,
+        charge: Charge | None = None,
+    ) -> ReleasedScores:
         """Subsample, release the sums, then (if asked) the confusion matrices on the same subsample.
 
         ``mechanism`` None: exact values (the non-private baseline). The per-record outcomes
@@ -204,8 +241,9 @@ class DPScorer:
                 held["noise_std"] = float(journaled["noise_std"])
                 return np.asarray(journaled["sums"], dtype=float)
             if noised_at_source:
-                release = self.backend.noised_sums([str(c.text) for c in candidates], self.sampling_rate,
-                                                   mechanism, bool(feedback))
+                release = cast(NoisingBackend, self.backend).noised_sums(
+                    [str(c.text) for c in candidates], self.sampling_rate, mechanism, bool(feedback)
+                )
                 if np.shape(release.values) != (len(candidates),):
                     raise RuntimeError("scoring backend: returned the wrong number of utility sums")
                 held["noise_std"] = float(release.noise_std)
@@ -228,11 +266,15 @@ class DPScorer:
                 held["confusion_std"] = float(journaled["confusion_std"])
                 return np.asarray(journaled["confusion"], dtype=float)
             if noised_at_source:
-                release = self.backend.noised_confusion(list(feedback), mechanism)
+                release = cast(NoisingBackend, self.backend).noised_confusion(list(feedback), mechanism)
                 held["confusion_std"] = float(release.noise_std)
                 values = np.asarray(release.values, dtype=float)
-                journal(confusion=values.tolist(), confusion_std=held["confusion_std"], feedback=list(feedback),
-                        complete=True)
+                journal(
+                    confusion=values.tolist(),
+                    confusion_std=held["confusion_std"],
+                    feedback=list(feedback),
+                    complete=True,
+                )
                 return values
             if "confusion" not in held:  # the sums were journaled: the same subsample again, from its seed
                 held["confusion"] = self._totals(candidates, with_confusion=True, rng=rng).confusion
@@ -240,8 +282,12 @@ class DPScorer:
             if mechanism is None:
                 return counts
             values = np.asarray(mechanism.release_confusion(counts, noise("confusion")), dtype=float)
-            journal(confusion=values.tolist(), confusion_std=float(mechanism.confusion_noise_std(len(feedback))),
-                    feedback=list(feedback), complete=True)
+            journal(
+                confusion=values.tolist(),
+                confusion_std=float(mechanism.confusion_noise_std(len(feedback))),
+                feedback=list(feedback),
+                complete=True,
+            )
             return values
 
         try:
@@ -251,8 +297,10 @@ class DPScorer:
             if callable(feedback):  # a function of the released scores only
                 feedback = self._check_feedback(feedback(released), len(candidates))
                 if not feedback:
-                    raise ValueError("feedback_candidates: the chooser picked no candidate, but the matrices "
-                                     "were charged; return at least one index")
+                    raise ValueError(
+                        "feedback_candidates: the chooser picked no candidate, but the matrices "
+                        "were charged; return at least one index"
+                    )
             if not feedback:
                 return released
             confusion = self._read_private(label, read_confusion)
@@ -267,16 +315,21 @@ class DPScorer:
         candidates = _check_candidates(candidates)
         for attribute in ("event", "select", "sensitivity", "k"):
             if not hasattr(mechanism, attribute):
-                raise TypeError(f"mechanism: needs .{attribute}; "
-                                "use ExponentialMechanism, GumbelTopK or PermuteAndFlip")
+                raise TypeError(
+                    f"mechanism: needs .{attribute}; use ExponentialMechanism, GumbelTopK or PermuteAndFlip"
+                )
         if float(mechanism.sensitivity) < self.clip_bound:
-            raise ValueError(f"mechanism.sensitivity: must be >= the task's clip_bound ({self.clip_bound}), "
-                             f"got {mechanism.sensitivity}")
+            raise ValueError(
+                f"mechanism.sensitivity: must be >= the task's clip_bound ({self.clip_bound}), "
+                f"got {mechanism.sensitivity}"
+            )
         if int(mechanism.k) > len(candidates):
             raise ValueError(f"mechanism.k: must be <= the number of candidates ({len(candidates)}), got {mechanism.k}")
         if adds_noise(self.backend):
-            raise ValueError("selection: a selection mechanism reads un-noised totals, which silos that add "
-                             "their own noise never send; use selection='gaussian' and final_selection='last'")
+            raise ValueError(
+                "selection: a selection mechanism reads un-noised totals, which silos that add "
+                "their own noise never send; use selection='gaussian' and final_selection='last'"
+            )
         charge = self._charge(mechanism, label, candidates, selection_metadata(mechanism))
         if "indices" in charge.journaled:  # released by the interrupted attempt: reuse it
             return [int(i) for i in charge.journaled["indices"]]
@@ -311,13 +364,19 @@ class DPScorer:
         instead where that is sound (:meth:`ReplayJournal.charge`).
         """
         metadata = {**(mechanism.metadata() if hasattr(mechanism, "metadata") else {}), **extra}
-        metadata.update(num_candidates=len(candidates), candidate_ids=[str(c.id) for c in candidates],
-                        clip_bound=self.clip_bound, sampling_rate=self.sampling_rate, secure_noise=self.noise.secure)
+        metadata.update(
+            num_candidates=len(candidates),
+            candidate_ids=[str(c.id) for c in candidates],
+            clip_bound=self.clip_bound,
+            sampling_rate=self.sampling_rate,
+            secure_noise=self.noise.secure,
+        )
         event = mechanism.event(self.sampling_rate)
         if self.journal is not None:
             inputs = hashlib.sha256(json.dumps([str(c.text) for c in candidates]).encode("utf-8")).hexdigest()
-            return self.journal.charge(self.ledger, event, label, metadata, replayable=self.replays_exactly,
-                                       inputs=inputs)
+            return self.journal.charge(
+                self.ledger, event, label, metadata, replayable=self.replays_exactly, inputs=inputs
+            )
         entry = self.ledger.spend(event, label, metadata=metadata)
         return Charge(int(getattr(entry, "index", 0)), label, adopted=False)
 
@@ -327,11 +386,21 @@ class DPScorer:
         would have: the backend draws the subsample from the charge's seed, and the engine's
         scores are a deterministic function of prompt and record. Otherwise a charge whose
         release was not journaled is charged again."""
-        return (bool(getattr(self.backend, "subsample_from_seed", False)) and not adds_noise(self.backend)
-                and bool(getattr(self.engine, "deterministic_scores", False)))
+        return (
+            bool(getattr(self.backend, "subsample_from_seed", False))
+            and not adds_noise(self.backend)
+            and bool(getattr(self.engine, "deterministic_scores", False))
+        )
 
-    def _released(self, candidates: list[CandidateLike], sums: np.ndarray, noise_std: float, feedback: list[int],
-                  confusion: np.ndarray | None, confusion_std: float | None) -> ReleasedScores:
+    def _released(
+        self,
+        candidates: list[CandidateLike],
+        sums: np.ndarray,
+        noise_std: float,
+        feedback: list[int],
+        confusion: np.ndarray | None,
+        confusion_std: float | None,
+    ) -> ReleasedScores:
         denominator = self.expected_batch_size  # public q*N, never the realised |B|
         return ReleasedScores(
             candidate_ids=[str(c.id) for c in candidates],
@@ -365,15 +434,16 @@ class DPScorer:
             failure = PrivateScoringError(label, exc)
         raise failure
 
-    def _totals(self, candidates: list[CandidateLike], with_confusion: bool,
-                rng: np.random.Generator | None = None) -> SubsampleTotals:
+    def _totals(
+        self, candidates: list[CandidateLike], with_confusion: bool, rng: np.random.Generator | None = None
+    ) -> SubsampleTotals:
         """The backend draws the secret Poisson subsample and totals each candidate's clipped scores.
 
         ``rng``: the charge's own subsample generator, for a backend that takes one."""
         prompts = [str(c.text) for c in candidates]
         if rng is not None and rng is not self.sampling_rng and getattr(self.backend, "subsample_from_seed", False):
-            totals = self.backend.totals(prompts, self.sampling_rate, self.clip_bound, with_confusion,
-                                         sampling_rng=rng)
+            seeded = cast(SeededScoringBackend, self.backend)
+            totals = seeded.totals(prompts, self.sampling_rate, self.clip_bound, with_confusion, sampling_rng=rng)
         else:
             totals = self.backend.totals(prompts, self.sampling_rate, self.clip_bound, with_confusion)
         if np.shape(totals.sums) != (len(candidates),):

@@ -1,4 +1,7 @@
-"""Where the private records are scored: in this process, or spread over workers.
+"""Where the private records are scored: in this process, or spread over workers or silos.
+
+Not the mechanism: charging, noising and releasing are :mod:`dp_textgrad.dp_es.scorer`'s
+(:class:`~dp_textgrad.dp_es.scorer.DPScorer`); a backend computes sums for it.
 
 A scoring backend draws the secret Poisson subsample and returns, for every candidate,
 the sum of its clipped per-record scores (and, when asked, its confusion counts) over
@@ -44,7 +47,7 @@ class SubsampleTotals:
     sums: np.ndarray
     confusion: np.ndarray | None
 
-    def __add__(self, other: "SubsampleTotals") -> "SubsampleTotals":
+    def __add__(self, other: SubsampleTotals) -> SubsampleTotals:
         if (self.confusion is None) != (other.confusion is None):
             raise ValueError("confusion: both partial totals must carry confusion counts, or neither")
         confusion = None if self.confusion is None else self.confusion + other.confusion
@@ -57,8 +60,22 @@ class ScoringBackend(Protocol):
     A backend whose ``subsample_from_seed`` is true also takes ``sampling_rng=``, the charge's
     own generator, and draws the subsample from it (so a resumed run can redraw it)."""
 
-    def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float,
-               with_confusion: bool) -> SubsampleTotals: ...
+    def totals(
+        self, prompts: Sequence[str], sampling_rate: float, clip_bound: float, with_confusion: bool
+    ) -> SubsampleTotals: ...
+
+
+class SeededScoringBackend(ScoringBackend, Protocol):
+    """A backend whose ``subsample_from_seed`` is true: it draws the subsample from the generator it is given."""
+
+    def totals(
+        self,
+        prompts: Sequence[str],
+        sampling_rate: float,
+        clip_bound: float,
+        with_confusion: bool,
+        sampling_rng: np.random.Generator | None = None,
+    ) -> SubsampleTotals: ...
 
 
 @dataclass(frozen=True)
@@ -77,8 +94,9 @@ class NoisingBackend(ScoringBackend, Protocol):
     matrices of ``indices`` on the subsample of the last ``noised_sums`` call.
     """
 
-    def noised_sums(self, prompts: Sequence[str], sampling_rate: float, mechanism: Any,
-                    keep_confusion: bool) -> NoisedRelease: ...
+    def noised_sums(
+        self, prompts: Sequence[str], sampling_rate: float, mechanism: Any, keep_confusion: bool
+    ) -> NoisedRelease: ...
 
     def noised_confusion(self, indices: Sequence[int], mechanism: Any) -> NoisedRelease: ...
 
@@ -93,8 +111,14 @@ def adds_noise(backend: Any) -> bool:
 ScoringFactory = Callable[["ClassificationTask", Any, np.random.Generator, bool], ScoringBackend]
 
 
-def batch_totals(task: "ClassificationTask", engine: Any, prompts: Sequence[str], batch: PrivateBatch[Any],
-                 clip_bound: float, with_confusion: bool) -> SubsampleTotals:
+def batch_totals(
+    task: ClassificationTask,
+    engine: Any,
+    prompts: Sequence[str],
+    batch: PrivateBatch[Any],
+    clip_bound: float,
+    with_confusion: bool,
+) -> SubsampleTotals:
     """Totals of every prompt over ``batch``: the one scoring routine every backend runs."""
     outcomes = [task.private_outcomes(engine, str(prompt), batch) for prompt in prompts]
     per_record = np.zeros((len(prompts), len(batch)))
@@ -120,15 +144,31 @@ class LocalScoring:
 
     subsample_from_seed = True
 
-    def __init__(self, task: "ClassificationTask", engine: Any, sampling_rng: np.random.Generator,
-                 secure: bool = True) -> None:
+    def __init__(
+        self, task: ClassificationTask, engine: Any, sampling_rng: np.random.Generator, secure: bool = True
+    ) -> None:
         self.task, self.engine, self.sampling_rng = task, engine, sampling_rng
 
-    def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float,
-               with_confusion: bool, sampling_rng: np.random.Generator | None = None) -> SubsampleTotals:
+    def totals(
+        self,
+        prompts: Sequence[str],
+        sampling_rate: float,
+        clip_bound: float,
+        with_confusion: bool,
+        sampling_rng: np.random.Generator | None = None,
+    ) -> SubsampleTotals:
         rng = self.sampling_rng if sampling_rng is None else sampling_rng
         batch = self.task.private_train.poisson_subsample(sampling_rate, rng)
         return batch_totals(self.task, self.engine, prompts, batch, clip_bound, with_confusion)
 
 
-__all__ = ["LocalScoring", "NoisedRelease", "NoisingBackend", "ScoringBackend", "adds_noise", "ScoringFactory", "SubsampleTotals", "batch_totals"]
+__all__ = [
+    "LocalScoring",
+    "NoisedRelease",
+    "NoisingBackend",
+    "ScoringBackend",
+    "ScoringFactory",
+    "SubsampleTotals",
+    "adds_noise",
+    "batch_totals",
+]

@@ -1,4 +1,8 @@
-"""Parent selection: free selectors on released values, and the selection strategies.
+"""Parent selection: free selectors on released values, and the DPSelector strategies.
+
+:class:`DPSelector` is the base of the selection strategies (noisy scores then top-k,
+:class:`NoisyScoreTopK`; a charged exponential-mechanism or permute-and-flip pick,
+:class:`ChargedSelection`), registered in ``SELECTION_STRATEGIES`` by name.
 
 Free (post-processing, never charged): :func:`top_k` and :func:`tournament` act on
 values that are already differentially private (noisy Gaussian scores, shrunk
@@ -35,8 +39,9 @@ def top_k(values: Sequence[float] | np.ndarray, k: int) -> list[int]:
     return [int(i) for i in order[:k]]
 
 
-def tournament(values: Sequence[float] | np.ndarray, k: int, size: int, rng: np.random.Generator,
-               *, distinct: bool = True) -> list[int]:
+def tournament(
+    values: Sequence[float] | np.ndarray, k: int, size: int, rng: np.random.Generator, *, distinct: bool = True
+) -> list[int]:
     """k tournament winners; each tournament draws ``size`` entrants without replacement. Free.
 
     ``rng`` is the NON-private seeded generator (selection on noisy values needs no
@@ -57,8 +62,6 @@ def tournament(values: Sequence[float] | np.ndarray, k: int, size: int, rng: np.
         if distinct:
             pool.pop(best)
     return winners
-
-
 
 
 # -- selection strategies: how a generation turns private scores into parents ------------------
@@ -98,12 +101,20 @@ class DPSelector(ABC):
     supports_feedback: bool  # DP confusion matrices can ride on its scoring
 
     @abstractmethod
-    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
-                   clip_bound: float) -> GenerationMechanisms: ...
+    def mechanisms(
+        self, config: Any, value: float | None, generation: int, num_candidates: int, clip_bound: float
+    ) -> GenerationMechanisms: ...
 
     @abstractmethod
-    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
-               generation: int, parents: int) -> Choice: ...
+    def choose(
+        self,
+        scorer: Any,
+        population: Any,
+        candidates: list[Any],
+        mechanisms: GenerationMechanisms,
+        generation: int,
+        parents: int,
+    ) -> Choice: ...
 
     @abstractmethod
     def describe(self, value: float | None, parents: int) -> str:
@@ -113,8 +124,9 @@ class DPSelector(ABC):
         return population.best(1)[0] if self.releases_scores else parents[0]
 
 
-def _release_then_choose(release: Any, population: Any, candidates: list[Any], generation: int, parents: int,
-                         with_feedback: bool) -> Choice:
+def _release_then_choose(
+    release: Any, population: Any, candidates: list[Any], generation: int, parents: int, with_feedback: bool
+) -> Choice:
     """Release the scores (``release(feedback_chooser)``), record them, keep the top ``parents``.
 
     With feedback, the chooser runs between the scores and the matrices: it sees the
@@ -135,31 +147,54 @@ def _release_then_choose(release: Any, population: Any, candidates: list[Any], g
 
 def feedback_is_used(config: Any, generation: int) -> bool:
     """Whether generation ``t`` releases a DP confusion matrix: asked for, followed by another
-    generation, and read by an LLM operator (critiques, rewrites). Unknown (None) counts as used."""
-    return (config.feedback == "dp_confusion" and generation + 1 < config.generations
-            and config.llm_operators is not False)
+    generation, and read by an LLM operator (critiques, rewrites). A run decides ``llm_operators``
+    before its plan (``plan.decide_llm_operators``); a bare plan of an undecided configuration
+    (None) is planned as if the feedback were read, the conservative side."""
+    return (
+        config.feedback == "dp_confusion" and generation + 1 < config.generations and config.llm_operators is not False
+    )
 
 
 class NoisyScoreTopK(DPSelector):
     """Release every candidate's noisy score (Gaussian); parents are the top-k of the
     shrunk estimates, free post-processing."""
 
+    calibrates: str | None
     name, calibrates, releases_scores, supports_feedback = "gaussian", "noise_multiplier", True, True
 
-    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
-                   clip_bound: float) -> GenerationMechanisms:
+    def mechanisms(
+        self, config: Any, value: float | None, generation: int, num_candidates: int, clip_bound: float
+    ) -> GenerationMechanisms:
+        if value is None:
+            raise ValueError("gaussian selection: the plan has no noise multiplier")
         # Feedback is charged only where it is read: never after the last generation, never
         # when no LLM operator reads it.
         z_fb = value * config.feedback_noise_ratio if feedback_is_used(config, generation) else None
         return GenerationMechanisms(scores=GaussianScoreMechanism(value, clip_bound, num_candidates, z_fb))
 
-    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
-               generation: int, parents: int) -> Choice:
+    def choose(
+        self,
+        scorer: Any,
+        population: Any,
+        candidates: list[Any],
+        mechanisms: GenerationMechanisms,
+        generation: int,
+        parents: int,
+    ) -> Choice:
         scores = mechanisms.scores
-        label = f"generation {generation}: noisy scores of {len(candidates)} candidates" + \
-            (" + DP confusion matrix of the top parent" if scores.releases_feedback else "")
-        return _release_then_choose(lambda chooser: scorer.score(candidates, scores, label, feedback_candidates=chooser),
-                                    population, candidates, generation, parents, scores.releases_feedback)
+        if scores is None:
+            raise ValueError("gaussian selection: the generation's mechanisms have no score mechanism")
+        label = f"generation {generation}: noisy scores of {len(candidates)} candidates" + (
+            " + DP confusion matrix of the top parent" if scores.releases_feedback else ""
+        )
+        return _release_then_choose(
+            lambda chooser: scorer.score(candidates, scores, label, feedback_candidates=chooser),
+            population,
+            candidates,
+            generation,
+            parents,
+            scores.releases_feedback,
+        )
 
     def describe(self, value: float | None, parents: int) -> str:
         return f"Gaussian noisy scores, noise multiplier z = {value:.4f}; parents: top-{parents} of the estimates"
@@ -170,14 +205,28 @@ class ExactScores(NoisyScoreTopK):
 
     name, calibrates = "exact", None
 
-    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
-                   clip_bound: float) -> GenerationMechanisms:
+    def mechanisms(
+        self, config: Any, value: float | None, generation: int, num_candidates: int, clip_bound: float
+    ) -> GenerationMechanisms:
         return GenerationMechanisms(exact_feedback=feedback_is_used(config, generation))
 
-    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
-               generation: int, parents: int) -> Choice:
-        return _release_then_choose(lambda chooser: scorer.score_exact(candidates, feedback_candidates=chooser),
-                                    population, candidates, generation, parents, mechanisms.exact_feedback)
+    def choose(
+        self,
+        scorer: Any,
+        population: Any,
+        candidates: list[Any],
+        mechanisms: GenerationMechanisms,
+        generation: int,
+        parents: int,
+    ) -> Choice:
+        return _release_then_choose(
+            lambda chooser: scorer.score_exact(candidates, feedback_candidates=chooser),
+            population,
+            candidates,
+            generation,
+            parents,
+            mechanisms.exact_feedback,
+        )
 
     def describe(self, value: float | None, parents: int) -> str:
         return "NOT PRIVATE: exact scores (privacy 'off')"
@@ -191,12 +240,22 @@ class ChargedSelection(DPSelector):
     def __init__(self, name: str, title: str) -> None:
         self.name, self.title = name, title
 
-    def mechanisms(self, config: Any, value: float | None, generation: int, num_candidates: int,
-                   clip_bound: float) -> GenerationMechanisms:
+    def mechanisms(
+        self, config: Any, value: float | None, generation: int, num_candidates: int, clip_bound: float
+    ) -> GenerationMechanisms:
+        if value is None:
+            raise ValueError(f"{self.name} selection: the plan has no epsilon0")
         return GenerationMechanisms(selection=selection_mechanism(self.name, value, config.parents, clip_bound))
 
-    def choose(self, scorer: Any, population: Any, candidates: list[Any], mechanisms: GenerationMechanisms,
-               generation: int, parents: int) -> Choice:
+    def choose(
+        self,
+        scorer: Any,
+        population: Any,
+        candidates: list[Any],
+        mechanisms: GenerationMechanisms,
+        generation: int,
+        parents: int,
+    ) -> Choice:
         label = f"generation {generation}: {self.title} top-{parents}"
         chosen = scorer.select(candidates, mechanisms.selection, label)
         return Choice([candidates[i] for i in chosen])  # ordered: free to release its head
@@ -220,8 +279,9 @@ def strategy_for(config: Any) -> DPSelector:
     try:
         return SELECTION_STRATEGIES[config.selection]
     except KeyError:
-        raise ValueError(f"selection: unknown strategy {config.selection!r}; "
-                         f"use one of {sorted(SELECTION_STRATEGIES)}") from None
+        raise ValueError(
+            f"selection: unknown strategy {config.selection!r}; use one of {sorted(SELECTION_STRATEGIES)}"
+        ) from None
 
 
 __all__ = [

@@ -26,9 +26,15 @@ from dp_textgrad.tasks.base import ClassificationTask
 SIZE_COUNT_LABEL = "dataset size: DP count"
 
 
-def stage_one(config: DPESConfig, task: ClassificationTask, engine: Any, parameters: Sequence[Any],
-              ledger: PrivacyLedger | None, plan: Any | None = None, checkpoint_dir: str | Path | None = None
-              ) -> tuple[PrivacyLedger | None, DPESConfig, NoiseSource, bool]:
+def stage_one(
+    config: DPESConfig,
+    task: ClassificationTask,
+    engine: Any,
+    parameters: Sequence[Any],
+    ledger: PrivacyLedger | None,
+    plan: Any | None = None,
+    checkpoint_dir: str | Path | None = None,
+) -> tuple[PrivacyLedger | None, DPESConfig, NoiseSource, bool]:
     """(ledger, resolved configuration, the run's noise source, whether N was counted now).
 
     A fresh run whose N is not declared counts it (:func:`count_dataset_size`) on a ledger
@@ -40,8 +46,10 @@ def stage_one(config: DPESConfig, task: ClassificationTask, engine: Any, paramet
     noise = NoiseSource(insecure_seed=config.insecure_noise_seed)
     counted = config.counts_dataset_size and config.counted_dataset_size is None
     if config.counts_dataset_size and not counted and (ledger is None or not ledger.completed_stage_epsilon):
-        raise ConfigError("counted_dataset_size: only a run sets it (its DP count of N, kept on resume); "
-                          "to give a public N set dataset_size instead")
+        raise ConfigError(
+            "counted_dataset_size: only a run sets it (its DP count of N, kept on resume); "
+            "to give a public N set dataset_size instead"
+        )
     if counted:
         delta = config.delta if config.delta is not None else DEFAULT_DELTA
         # Bad input is refused before the count is charged, as before any other charge.
@@ -57,8 +65,14 @@ def stage_one(config: DPESConfig, task: ClassificationTask, engine: Any, paramet
     return ledger, resolved_for_run(config, task), noise, counted
 
 
-def count_dataset_size(config: DPESConfig, task: ClassificationTask, engine: Any, ledger: PrivacyLedger,
-                       noise: NoiseSource, checkpoint_dir: str | Path | None = None) -> DPESConfig:
+def count_dataset_size(
+    config: DPESConfig,
+    task: ClassificationTask,
+    engine: Any,
+    ledger: PrivacyLedger,
+    noise: NoiseSource,
+    checkpoint_dir: str | Path | None = None,
+) -> DPESConfig:
     """Stage 1: charge, close the stage, then release the DP count; ``config`` with the count in it.
 
     The charge is on disk (when there is a run directory) before the records are counted.

@@ -12,16 +12,19 @@ import threading
 import time
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dp_textgrad._textgrad import import_textgrad
 
-EngineLM = import_textgrad().EngineLM
+if TYPE_CHECKING:
+    from textgrad.engine.base import EngineLM
+else:
+    EngineLM = import_textgrad().EngineLM
 
 
 BYTES_PER_TOKEN = 4
@@ -36,7 +39,7 @@ def truncate_estimated(text: str, max_tokens: int) -> str:
     data = text.encode("utf-8")
     if len(data) <= BYTES_PER_TOKEN * max_tokens:
         return text
-    return data[:BYTES_PER_TOKEN * max_tokens].decode("utf-8", errors="ignore")
+    return data[: BYTES_PER_TOKEN * max_tokens].decode("utf-8", errors="ignore")
 
 
 class EngineError(RuntimeError):
@@ -167,7 +170,7 @@ class Engine(EngineLM):
         max_tokens: int = 256,
         seed: int | None = None,
         stop: Sequence[str] | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> str:
         if not isinstance(prompt, str):
             raise TypeError("prompt must be text")  # multimodal content is not supported
@@ -180,7 +183,7 @@ class Engine(EngineLM):
             stop=list(stop) if stop else None,
         )
 
-    def __call__(self, prompt: str, **kwargs) -> str:
+    def __call__(self, prompt: str, **kwargs: Any) -> str:
         return self.generate(prompt, **kwargs)
 
     # -- lifecycle: ``with engine:`` frees what the engine holds --------------------
@@ -194,14 +197,20 @@ class Engine(EngineLM):
         self.close()
 
     @abstractmethod
-    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
-                  seed: int | None, stop: list[str] | None) -> str: ...
+    def _generate(
+        self,
+        prompt: str,
+        *,
+        system_prompt: str | None,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: list[str] | None,
+    ) -> str: ...
 
     # -- scoring --------------------------------------------------------------------
     @abstractmethod
-    def score_choices_batch(
-        self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]
-    ) -> np.ndarray:
+    def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
         """Log-probabilities, shape (len(suffixes), len(choices)).
 
         Entry [i, j] = log p(choices[j] | prefix + suffixes[i]), multi-token choices
@@ -233,8 +242,16 @@ class Engine(EngineLM):
         return truncate_estimated(text, max_tokens)
 
     # -- usage ----------------------------------------------------------------------
-    def _count(self, *, calls: int = 1, prompt_tokens: int = 0, completion_tokens: int = 0,
-               seconds: float = 0.0, cost_usd: float = 0.0, retries: int = 0) -> None:
+    def _count(
+        self,
+        *,
+        calls: int = 1,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        seconds: float = 0.0,
+        cost_usd: float = 0.0,
+        retries: int = 0,
+    ) -> None:
         with self._usage_lock:
             self.usage.calls += calls
             self.usage.prompt_tokens += prompt_tokens
@@ -244,7 +261,7 @@ class Engine(EngineLM):
             self.usage.retries += retries
 
     @contextmanager
-    def _timed(self):
+    def _timed(self) -> Iterator[dict[str, float]]:
         """Yield a dict; on exit, its 'seconds' holds the wall time of the block."""
         box: dict[str, float] = {}
         start = time.perf_counter()

@@ -49,6 +49,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,12 +58,12 @@ from dp_textgrad.engines.llama_kv import SAVED_PREFIX_BYTES, LlamaPlumbing, Save
 from dp_textgrad.engines.llama_support import (
     GenerationCache,
     KvStats,
-    _as_cache,
-    _logsumexp,
-    _pick_logprobs,
+    as_cache,
     available_cpus,
     busy_cpus,
     default_threads,
+    logsumexp,
+    pick_logprobs,
     quiet_native_output,
 )
 from dp_textgrad.engines.model_files import default_model_path, import_local_module
@@ -70,7 +71,7 @@ from dp_textgrad.engines.model_files import default_model_path, import_local_mod
 _TOP_ALTERNATIVES = 5
 
 
-def _free_context(lib, ctx, llm) -> None:
+def _free_context(lib: Any, ctx: Any, llm: Any) -> None:
     """Free the scoring context; holding ``llm`` keeps its model alive until then."""
     del llm
     lib.llama_free(ctx)
@@ -116,8 +117,9 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         super().__init__()
         # The default Gemma 3 270M is a base model: it continues patterns, it does not follow
         # rewrite instructions. A user's GGUF is assumed to be instruction-tuned unless told.
-        self.instruction_following = (model_path is not None) if instruction_following is None \
-            else bool(instruction_following)
+        self.instruction_following = (
+            (model_path is not None) if instruction_following is None else bool(instruction_following)
+        )
         if n_ctx < 16:
             raise ValueError(f"n_ctx: must be >= 16 tokens, got {n_ctx}")
         if n_threads is not None and n_threads < 1:
@@ -134,7 +136,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         self.model_string = f"llama.cpp/{path.name}"
         self.n_threads = n_threads or default_threads()
         self.seed = seed
-        self.cache = _as_cache(cache)
+        self.cache = as_cache(cache)
         self.kv_stats = KvStats()
         # One lock per model: the context, its KV cache and the batch are shared state.
         self._lock = threading.RLock()
@@ -215,19 +217,34 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
             return self._tokenize(text, bos)
 
     # -- generation -----------------------------------------------------------------
-    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
-                  seed: int | None, stop: list[str] | None) -> str:
+    def _generate(
+        self,
+        prompt: str,
+        *,
+        system_prompt: str | None,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: list[str] | None,
+    ) -> str:
         if not np.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature: must be a finite number >= 0, got {temperature}")
         if max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
         text = f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
-        cacheable = self.cache is not None and (temperature == 0 or seed is not None)
+        cache = self.cache if temperature == 0 or seed is not None else None  # sampling is never cached
         key = ""
-        if cacheable:
-            key = GenerationCache.key(model=self._model_id, prompt=prompt, system_prompt=system_prompt,
-                                      temperature=temperature, seed=seed, max_tokens=max_tokens, stop=stop)
-            hit = self.cache.get(key)
+        if cache is not None:
+            key = GenerationCache.key(
+                model=self._model_id,
+                prompt=prompt,
+                system_prompt=system_prompt,
+                temperature=temperature,
+                seed=seed,
+                max_tokens=max_tokens,
+                stop=stop,
+            )
+            hit = cache.get(key)
             if hit is not None:
                 self._count(calls=1)
                 return hit
@@ -235,22 +252,27 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
             ids = self._tokenize(text, True)
             if len(ids) >= self._n_ctx:
                 raise EngineError(
-                    f"prompt has {len(ids)} tokens but the context holds {self._n_ctx}; raise n_ctx or shorten the prompt"
+                    f"prompt has {len(ids)} tokens but the context holds {self._n_ctx}; "
+                    "raise n_ctx or shorten the prompt"
                 )
             budget = min(max_tokens, self._n_ctx - len(ids))
             # Generation has llama-cpp-python's context to itself; scoring's is untouched.
             self._llm.reset()
             try:
                 result = self._llm.create_completion(
-                    ids, max_tokens=budget, temperature=float(temperature), seed=seed, stop=stop or None,
+                    ids,
+                    max_tokens=budget,
+                    temperature=float(temperature),
+                    seed=seed,
+                    stop=stop or None,
                 )
             except (RuntimeError, ValueError) as exc:
                 raise EngineError(f"llama.cpp generation failed: {type(exc).__name__}") from exc
             output = result["choices"][0]["text"]
             completion_tokens = int(result["usage"]["completion_tokens"])
         self._count(prompt_tokens=len(ids), completion_tokens=completion_tokens, seconds=timer["seconds"])
-        if cacheable:
-            self.cache.put(key, output)
+        if cache is not None:
+            cache.put(key, output)
         return output
 
     # -- scoring --------------------------------------------------------------------
@@ -272,7 +294,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                     scores[i] = done[suffix]
                     continue
                 suffix_ids = tuple(self._tokenize(suffix, False))
-                row_scores = _pick_logprobs(self._position_at(prefix_ids, suffix_ids), first_ids)
+                row_scores = pick_logprobs(self._position_at(prefix_ids, suffix_ids), first_ids)
                 row_scores += self._continuations(choice_ids, groups)
                 scores[i] = done[suffix] = row_scores
             decoded = self.kv_stats.tokens_decoded - decoded_before
@@ -293,7 +315,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
 
             def record(k: int, row: np.ndarray) -> None:
                 # Position k's row predicts text_ids[k]; statistics over the full vocabulary.
-                logp = row.astype(np.float64) - _logsumexp(row)
+                logp = row.astype(np.float64) - logsumexp(row)
                 logprobs[k] = logp[text_ids[k]]
                 means[k] = logp.mean()
                 stds[k] = logp.std()
@@ -309,9 +331,17 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
             pieces = [self._piece(t, previous[: len(context_ids) + k]) for k, t in enumerate(text_ids)]
             decoded = self.kv_stats.tokens_decoded - decoded_before
         self._count(prompt_tokens=decoded, seconds=timer["seconds"])
-        return TokenLogprobs(tokens=pieces, logprobs=logprobs, top_alternatives=alternatives,
-                             vocab_mean=means, vocab_std=stds)
+        return TokenLogprobs(
+            tokens=pieces, logprobs=logprobs, top_alternatives=alternatives, vocab_mean=means, vocab_std=stds
+        )
 
 
-__all__ = ["GenerationCache", "KvStats", "LlamaCppEngine", "available_cpus", "busy_cpus", "default_threads",
-           "quiet_native_output"]
+__all__ = [
+    "GenerationCache",
+    "KvStats",
+    "LlamaCppEngine",
+    "available_cpus",
+    "busy_cpus",
+    "default_threads",
+    "quiet_native_output",
+]

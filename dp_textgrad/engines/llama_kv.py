@@ -12,12 +12,12 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dp_textgrad.engines.base import EngineError
-from dp_textgrad.engines.llama_support import _pick_logprobs, quiet_native_output
-
+from dp_textgrad.engines.llama_support import KvStats, pick_logprobs, quiet_native_output
 
 # Rows of full-vocabulary logits requested per decode when every position is needed
 # (audits, multi-token choices): Gemma's 262k vocabulary makes each row ~1 MB.
@@ -69,6 +69,18 @@ class SavedPrefixes:
 class LlamaPlumbing:
     """Tokenization, KV-prefix reuse and decoding (mixin; call with the engine's lock held)."""
 
+    if TYPE_CHECKING:  # what LlamaCppEngine, which mixes this in, provides
+        kv_stats: KvStats
+        _lib: Any  # the llama_cpp module (its low-level C API)
+        _llm: Any  # llama_cpp.Llama: generation's context
+        _ctx: Any  # scoring's own llama context
+        _batch: Any
+        _closed: bool
+        _n_ctx: int
+        _n_batch: int
+        _n_vocab: int
+        _saved_prefixes: SavedPrefixes
+
     def _tokenize(self, text: str, bos: bool) -> list[int]:
         if self._closed:
             raise EngineError("this engine has been closed; create a new LlamaCppEngine")
@@ -86,7 +98,7 @@ class LlamaPlumbing:
     def _forget_kv(self) -> None:
         memory = self._lib.llama_get_memory(self._ctx)
         self._lib.llama_memory_seq_rm(memory, -1, 0, -1)
-        self._kv_tokens = []
+        self._kv_tokens: list[int] = []
         self._prefix: tuple[int, ...] | None = None
         self._prefix_row: np.ndarray | None = None
         self._suffix: tuple[int, ...] | None = None
@@ -116,9 +128,11 @@ class LlamaPlumbing:
             return self._prefix_row
         self._forget_kv()
         saved = self._saved_prefixes.get(prefix_ids)
-        if saved is not None and self._restore_state(*saved, prefix_ids):
-            self.kv_stats.tokens_reused += len(prefix_ids)
-            return saved[1]
+        if saved is not None:
+            state, saved_row = saved
+            if self._restore_state(state, saved_row, prefix_ids):
+                self.kv_stats.tokens_reused += len(prefix_ids)
+                return saved_row
         row = self._decode(prefix_ids)
         self._prefix, self._prefix_row, self._suffix = prefix_ids, row, ()
         if len(prefix_ids) >= _MIN_SAVED_PREFIX_TOKENS:
@@ -153,9 +167,7 @@ class LlamaPlumbing:
             self._suffix = suffix_ids
         return row
 
-    def _decode(
-        self, tokens: Sequence[int], on_row: Callable[[int, np.ndarray], None] | None = None
-    ) -> np.ndarray:
+    def _decode(self, tokens: Sequence[int], on_row: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
         """Append ``tokens`` to the KV cache and return a copy of the last position's logits.
 
         With ``on_row``, logits are requested for every position and passed as
@@ -170,8 +182,11 @@ class LlamaPlumbing:
         for offset in range(0, len(tokens), step):
             chunk = tokens[offset : offset + step]
             is_last_chunk = offset + len(chunk) == len(tokens)
-            self._submit([(token, start + offset + i, 0) for i, token in enumerate(chunk)],
-                         every_row=on_row is not None, last_row=is_last_chunk)
+            self._submit(
+                [(token, start + offset + i, 0) for i, token in enumerate(chunk)],
+                every_row=on_row is not None,
+                last_row=is_last_chunk,
+            )
             self._kv_tokens.extend(chunk)
             self.kv_stats.tokens_decoded += len(chunk)
             if on_row is not None:
@@ -213,8 +228,11 @@ class LlamaPlumbing:
         memory = self._lib.llama_get_memory(self._ctx)
         start = len(self._kv_tokens)
         for group in groups:
-            items = [(token, start + k, seq, j, choice_ids[j][k + 1])
-                     for seq, j in enumerate(group, 1) for k, token in enumerate(choice_ids[j][:-1])]
+            items = [
+                (token, start + k, seq, j, choice_ids[j][k + 1])
+                for seq, j in enumerate(group, 1)
+                for k, token in enumerate(choice_ids[j][:-1])
+            ]
             self._check_room(start + len(items))
             try:
                 for seq in range(1, len(group) + 1):
@@ -223,7 +241,7 @@ class LlamaPlumbing:
                     chunk = items[offset : offset + limit]
                     self._submit([(token, pos, seq) for token, pos, seq, _, _ in chunk], every_row=True)
                     for i, (_, _, _, j, following) in enumerate(chunk):
-                        added[j] += float(_pick_logprobs(self._logits_row(i), np.array([following]))[0])
+                        added[j] += float(pick_logprobs(self._logits_row(i), np.array([following]))[0])
             finally:
                 for seq in range(1, len(group) + 1):
                     self._lib.llama_memory_seq_rm(memory, seq, -1, -1)
@@ -232,8 +250,9 @@ class LlamaPlumbing:
 
     def _check_room(self, needed: int) -> None:
         if needed > self._n_ctx:
-            raise EngineError(f"input needs {needed} tokens but the context holds {self._n_ctx}; "
-                              "raise n_ctx or shorten the prompt")
+            raise EngineError(
+                f"input needs {needed} tokens but the context holds {self._n_ctx}; raise n_ctx or shorten the prompt"
+            )
 
     def _submit(self, items: Sequence[tuple[int, int, int]], *, every_row: bool, last_row: bool = True) -> None:
         """One llama_decode of (token, position, sequence) items; logits for every row or the last."""
@@ -250,7 +269,7 @@ class LlamaPlumbing:
             self._forget_kv()  # the cache may hold a partial batch now
             raise EngineError(f"llama.cpp decode failed with code {code}")
 
-    def _open_scoring_context(self, *, n_ctx: int, n_batch: int, n_threads: int):
+    def _open_scoring_context(self, *, n_ctx: int, n_batch: int, n_threads: int) -> Any:  # a llama_context pointer
         # The generation context's settings (attention kernel, KV types...), with more sequences.
         params = type(self._llm.context_params).from_buffer_copy(self._llm.context_params)
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch

@@ -10,8 +10,8 @@ import hashlib
 import json
 import os
 import tempfile
-from contextlib import nullcontext
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +98,7 @@ class GenerationCache:
             os.replace(scratch, self.directory / f"{key}.json")
 
 
-def _as_cache(cache: GenerationCache | str | Path | bool | None) -> GenerationCache | None:
+def as_cache(cache: GenerationCache | str | Path | bool | None) -> GenerationCache | None:
     if cache is None or cache is False:
         return None
     if cache is True or cache == "memory":
@@ -118,17 +118,17 @@ class KvStats:
     tokens_reused: int = 0
 
 
-def _logsumexp(row: np.ndarray) -> float:
+def logsumexp(row: np.ndarray) -> float:
     top = float(row.max())
     return top + float(np.log(np.exp(row - top, dtype=np.float64).sum()))
 
 
-def _pick_logprobs(row: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+def pick_logprobs(row: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
     """log-softmax(row)[token_ids] without materialising the whole log-softmax."""
-    return row[token_ids].astype(np.float64) - _logsumexp(row)
+    return row[token_ids].astype(np.float64) - logsumexp(row)
 
 
-def quiet_native_output(lib: object):
+def quiet_native_output(lib: object) -> AbstractContextManager[object]:
     """Silence llama.cpp's native log lines during model load (as verbose=False intends)."""
     utils = getattr(lib, "_utils", None)
     quiet = getattr(utils, "suppress_stdout_stderr", None)

@@ -40,21 +40,20 @@ from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 import openai
 
 from dp_textgrad.engines.base import CachesResults, Engine, ResultCache, TokenLogprobs
 from dp_textgrad.engines.openai_protocol import (
-    _OPENAI_HOST,
+    OPENAI_HOST,
+    ChatResponse,
+    CompletionResponse,
+    EchoUnavailable,
     OpenAIEngineError,
     Price,
-    _ChatResponse,
-    _check_int,
-    _CompletionResponse,
-    _EchoUnavailable,
-    _tokens_overlapping,
-    _validate,
+    check_int,
+    tokens_overlapping,
+    validate_response,
 )
 from dp_textgrad.engines.openai_scoring import EchoScoring
 from dp_textgrad.engines.openai_transport import Transport
@@ -122,19 +121,23 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
             raise ValueError(f"mode: must be 'chat' or 'completions', got {mode!r}")
         if scoring not in ("auto", "echo", "first_token"):
             raise ValueError(f"scoring: must be 'auto', 'echo' or 'first_token', got {scoring!r}")
-        _check_int("max_concurrency", max_concurrency, minimum=1)
-        _check_int("max_retries", max_retries, minimum=0)
-        _check_int("top_logprobs", top_logprobs, minimum=1)
-        _check_int("rate_limit_burst", rate_limit_burst, minimum=1)
-        _check_int("default_max_tokens", default_max_tokens, minimum=1)
-        for name, value in (("timeout", timeout), ("backoff_base", backoff_base),
-                            ("backoff_max", backoff_max), ("retry_after_max", retry_after_max)):
+        check_int("max_concurrency", max_concurrency, minimum=1)
+        check_int("max_retries", max_retries, minimum=0)
+        check_int("top_logprobs", top_logprobs, minimum=1)
+        check_int("rate_limit_burst", rate_limit_burst, minimum=1)
+        check_int("default_max_tokens", default_max_tokens, minimum=1)
+        for name, value in (
+            ("timeout", timeout),
+            ("backoff_base", backoff_base),
+            ("backoff_max", backoff_max),
+            ("retry_after_max", retry_after_max),
+        ):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}: must be a finite number of seconds > 0, got {value!r}")
         if isinstance(cache, bool):
             cache_entries = 4096 if cache else 0
         else:
-            _check_int("cache", cache, minimum=0)
+            check_int("cache", cache, minimum=0)
             cache_entries = cache
 
         self.model = model
@@ -154,8 +157,7 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         self._backoff_max = float(backoff_max)
         self._retry_after_max = float(retry_after_max)
         self._rate_limiter = (
-            TokenBucket.per_minute(requests_per_minute, rate_limit_burst)
-            if requests_per_minute is not None else None
+            TokenBucket.per_minute(requests_per_minute, rate_limit_burst) if requests_per_minute is not None else None
         )
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self._results = ResultCache(cache_entries) if cache_entries else None
@@ -182,19 +184,21 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         return _LOCAL_PLACEHOLDER_KEY
 
     def _is_openai_host(self) -> bool:
-        return self.base_url is None or urlsplit(self.base_url).hostname == _OPENAI_HOST
+        return self.base_url is None or urlsplit(self.base_url).hostname == OPENAI_HOST
 
     def _server_label(self) -> str:
         if self.base_url is None:
-            return _OPENAI_HOST
+            return OPENAI_HOST
         parts = urlsplit(self.base_url)
         host = parts.hostname or "?"
         port = f":{parts.port}" if parts.port else ""
         return f"{parts.scheme}://{host}{port}{parts.path}"  # no user:password@
 
     def __repr__(self) -> str:
-        return (f"OpenAIEngine(model={self.model!r}, base_url={self._server_label()!r}, "
-                f"mode={self.mode!r}, max_concurrency={self.max_concurrency})")
+        return (
+            f"OpenAIEngine(model={self.model!r}, base_url={self._server_label()!r}, "
+            f"mode={self.mode!r}, max_concurrency={self.max_concurrency})"
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -208,42 +212,70 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         an error status included, shows that a server is there (the scoring probe that
         follows reports what it says). Called by the preflight, before any charge.
         """
-        timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, connect_timeout))
+        timeout = openai.Timeout(self.timeout, connect=min(self.timeout, connect_timeout))
         try:
             self._client.with_options(timeout=timeout, max_retries=0).models.list()
         except openai.APIStatusError:
             return
         except openai.APIConnectionError as error:  # APITimeoutError included
             where = self._server_label()
-            what = ("no answer within the connect time-out" if isinstance(error, openai.APITimeoutError)
-                    else "could not connect")
+            what = (
+                "no answer within the connect time-out"
+                if isinstance(error, openai.APITimeoutError)
+                else "could not connect"
+            )
             raise OpenAIEngineError(
                 f"engine.base_url = {where!r}: {what}; check that the server is running and listening at "
                 "that host and port, that the URL ends with the API prefix (usually /v1), and any proxy or "
                 "firewall between (base_url=... in Python, --base-url on the command line)",
-                attempts=1) from None
+                attempts=1,
+            ) from None
 
     # -- generation -----------------------------------------------------------------
-    def generate(self, prompt: str, system_prompt: str | None = None, *,
-                 max_tokens: int | None = None, **kwargs: Any) -> str:
+    def generate(
+        self, prompt: str, system_prompt: str | None = None, *, max_tokens: int | None = None, **kwargs: Any
+    ) -> str:
         """As ``Engine.generate``; ``max_tokens=None`` means ``default_max_tokens`` (callers
         such as TextGrad's ``BlackboxLLM`` pass none, and API tokens cost money)."""
         if max_tokens is None:
             max_tokens = self.default_max_tokens
         return super().generate(prompt, system_prompt, max_tokens=max_tokens, **kwargs)
 
-    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
-                  seed: int | None, stop: list[str] | None) -> str:
+    def _generate(
+        self,
+        prompt: str,
+        *,
+        system_prompt: str | None,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: list[str] | None,
+    ) -> str:
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature: must be a finite number >= 0, got {temperature!r}")
-        _check_int("max_tokens", max_tokens, minimum=1)
+        check_int("max_tokens", max_tokens, minimum=1)
+        system: str | None
         if self.mode == "chat":
             system = system_prompt if system_prompt is not None else self.system_prompt
         else:
             system = system_prompt  # a base model has no system role: prepend only when asked
         cacheable = temperature == 0 or seed is not None  # sampling is never served from cache
-        key = ("generate", self.model, self.base_url, self.mode, prompt, system,
-               float(temperature), seed, max_tokens, tuple(stop) if stop else None) if cacheable else None
+        key = (
+            (
+                "generate",
+                self.model,
+                self.base_url,
+                self.mode,
+                prompt,
+                system,
+                float(temperature),
+                seed,
+                max_tokens,
+                tuple(stop) if stop else None,
+            )
+            if cacheable
+            else None
+        )
         hit, value = self._cache_get(key)
         if hit:
             return value
@@ -258,11 +290,11 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
                 {"role": "user", "content": prompt}
             ]
             data = self._request("chat", {"messages": messages, **options}, "generate")
-            text = _validate(_ChatResponse, data, self, "generate").choices[0].message.content or ""
+            text = validate_response(ChatResponse, data, self, "generate").choices[0].message.content or ""
         else:
             full_prompt = f"{system}\n\n{prompt}" if system else prompt
             data = self._request("completions", {"prompt": full_prompt, **options}, "generate")
-            text = _validate(_CompletionResponse, data, self, "generate").choices[0].text
+            text = validate_response(CompletionResponse, data, self, "generate").choices[0].text
         self._cache_put(key, text)
         return text
 
@@ -287,7 +319,7 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
             try:
                 values = self._map(lambda ij: self._choice_logprob_echo(contexts[ij[0]], choices[ij[1]]), pairs)
                 return np.array(values, dtype=float).reshape(len(contexts), len(choices))
-            except _EchoUnavailable as why:
+            except EchoUnavailable as why:
                 self._echo_is_unavailable(why, "score_choices_batch")
         rows = self._map(lambda c: self._choice_logprobs_first_token(c, choices), contexts)
         return np.array(rows, dtype=float).reshape(len(contexts), len(choices))
@@ -301,10 +333,10 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
             raise self._no_echo_error("token_logprobs")
         try:
             echoed = self._echo(context + text)
-        except _EchoUnavailable as why:
+        except EchoUnavailable as why:
             self._echo_is_unavailable(why, "token_logprobs")
             raise self._no_echo_error("token_logprobs") from None
-        span = _tokens_overlapping(echoed, len(context), len(context) + len(text))
+        span = tokens_overlapping(echoed, len(context), len(context) + len(text))
         return TokenLogprobs(
             tokens=[t.text for t in span],
             # The very first token of a prompt has no context and no log-prob: NaN.

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dp_textgrad.engines.base import EngineError
 
-_OPENAI_HOST = "api.openai.com"
+OPENAI_HOST = "api.openai.com"
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _ERROR_CODE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")  # server error codes are identifiers, not text
 
@@ -71,7 +71,7 @@ class _CompletionChoice(_Schema):
     logprobs: _CompletionLogprobs | None = None
 
 
-class _CompletionResponse(_Schema):
+class CompletionResponse(_Schema):
     choices: list[_CompletionChoice] = Field(min_length=1)
 
 
@@ -99,12 +99,12 @@ class _ChatChoice(_Schema):
     logprobs: _ChatLogprobs | None = None
 
 
-class _ChatResponse(_Schema):
+class ChatResponse(_Schema):
     choices: list[_ChatChoice] = Field(min_length=1)
 
 
 @dataclass(frozen=True)
-class _EchoToken:
+class EchoToken:
     """One echoed prompt token: its character span in the prompt and log-probs."""
 
     start: int
@@ -114,11 +114,11 @@ class _EchoToken:
     top: tuple[tuple[str, float], ...]
 
 
-class _MalformedResponse(Exception):
+class MalformedResponse(Exception):
     """The server answered 2xx with something that is not the expected JSON."""
 
 
-class _EchoUnavailable(Exception):
+class EchoUnavailable(Exception):
     """The server gave no log-probs for the prompt tokens, or refused the echo request
     (``rejection``: its 400/422 error, which may also be about the prompt itself)."""
 
@@ -129,23 +129,24 @@ class _EchoUnavailable(Exception):
 
 
 # -- module helpers ------------------------------------------------------------------
-def _check_int(name: str, value: object, *, minimum: int) -> None:
+def check_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
 
 
-def _validate(schema: type[BaseModel], data: dict, engine: Any, what: str) -> Any:
+def validate_response(schema: type[BaseModel], data: dict, engine: Any, what: str) -> Any:
     try:
         return schema.model_validate(data)
     except ValidationError as error:
         # Name the fields only: pydantic's messages quote the offending values.
         fields = sorted({".".join(str(p) for p in e["loc"]) or "<root>" for e in error.errors()})
         raise OpenAIEngineError(
-            f"{engine._label()}: {what} got a response with missing or malformed fields: "
-            f"{', '.join(fields[:5])}", status_code=200) from None
+            f"{engine._label()}: {what} got a response with missing or malformed fields: {', '.join(fields[:5])}",
+            status_code=200,
+        ) from None
 
 
-def _is_transient(error: BaseException) -> bool:
+def is_transient(error: BaseException) -> bool:
     if isinstance(error, openai.APIConnectionError):  # includes APITimeoutError
         return True
     if isinstance(error, openai.APIStatusError):
@@ -153,7 +154,7 @@ def _is_transient(error: BaseException) -> bool:
     return False
 
 
-def _retry_after_seconds(error: BaseException | None) -> float | None:
+def retry_after_seconds(error: BaseException | None) -> float | None:
     response = getattr(error, "response", None)
     headers = getattr(response, "headers", None)
     if headers is None:
@@ -180,7 +181,7 @@ def _retry_after_seconds(error: BaseException | None) -> float | None:
         return None
 
 
-def _error_code(error: openai.APIStatusError) -> str | None:
+def error_code(error: openai.APIStatusError) -> str | None:
     body = error.body
     if isinstance(body, dict):
         inner = body.get("error", body)
@@ -190,7 +191,7 @@ def _error_code(error: openai.APIStatusError) -> str | None:
     return None
 
 
-def _usage_tokens(data: dict) -> tuple[int, int]:
+def usage_tokens(data: dict) -> tuple[int, int]:
     """(prompt, completion) tokens from the response's usage field; 0 where absent."""
     try:
         usage = _UsageFields.model_validate(data.get("usage") or {})
@@ -199,22 +200,20 @@ def _usage_tokens(data: dict) -> tuple[int, int]:
     return max(usage.prompt_tokens or 0, 0), max(usage.completion_tokens or 0, 0)
 
 
-def _echoed_prompt_tokens(
-    prompt: str, text: str, logprobs: _CompletionLogprobs | None, top_k: int
-) -> list[_EchoToken]:
+def echoed_prompt_tokens(prompt: str, text: str, logprobs: _CompletionLogprobs | None, top_k: int) -> list[EchoToken]:
     """The tokens of ``prompt`` (not the generated one) with character spans and log-probs.
 
-    Raises ``_EchoUnavailable`` when the server did not echo: no log-probs, or a text that
+    Raises ``EchoUnavailable`` when the server did not echo: no log-probs, or a text that
     neither starts with the prompt nor is spelled out by the returned tokens.
     """
     if logprobs is None or not logprobs.tokens:
-        raise _EchoUnavailable
+        raise EchoUnavailable
     if not text.startswith(prompt) and not "".join(logprobs.tokens).startswith(prompt):
-        raise _EchoUnavailable
+        raise EchoUnavailable
     tokens = logprobs.tokens
     n = len(tokens)
     if len(logprobs.token_logprobs) != n:
-        raise _EchoUnavailable
+        raise EchoUnavailable
     offsets = logprobs.text_offset
     if offsets is None or len(offsets) != n:
         offsets, position = [], 0
@@ -222,7 +221,7 @@ def _echoed_prompt_tokens(
             offsets.append(position)
             position += len(token)
     tops = logprobs.top_logprobs if logprobs.top_logprobs and len(logprobs.top_logprobs) == n else [None] * n
-    result: list[_EchoToken] = []
+    result: list[EchoToken] = []
     for i, (token, start) in enumerate(zip(tokens, offsets)):
         if start >= len(prompt):
             break  # the generated continuation
@@ -231,15 +230,14 @@ def _echoed_prompt_tokens(
         if not token:
             continue  # zero-width tokens (BOS) carry no prompt text
         # Best first, at most top_k (llama.cpp adds the actual token beyond its top k).
-        top = tuple(sorted(((str(k), float(v)) for k, v in (tops[i] or {}).items()),
-                           key=lambda kv: -kv[1])[:top_k])
-        result.append(_EchoToken(start, end, token, logprobs.token_logprobs[i], top))
+        top = tuple(sorted(((str(k), float(v)) for k, v in (tops[i] or {}).items()), key=lambda kv: -kv[1])[:top_k])
+        result.append(EchoToken(start, end, token, logprobs.token_logprobs[i], top))
     # Without echo a server returns only generated tokens (offsets at or past the prompt's end).
     if not result or (len(result) > 1 and all(t.logprob is None for t in result)):
-        raise _EchoUnavailable
+        raise EchoUnavailable
     return result
 
 
-def _tokens_overlapping(tokens: list[_EchoToken], start: int, end: int) -> list[_EchoToken]:
+def tokens_overlapping(tokens: list[EchoToken], start: int, end: int) -> list[EchoToken]:
     """Tokens whose character span meets [start, end); a straddling token counts."""
     return [t for t in tokens if t.end > start and t.start < end]

@@ -8,22 +8,28 @@ never the prompt.
 from __future__ import annotations
 
 import json
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, TypeVar
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import openai
 import tenacity
 
 from dp_textgrad.engines.openai_protocol import (
-    _error_code,
-    _is_transient,
-    _MalformedResponse,
+    MalformedResponse,
     OpenAIEngineError,
-    _retry_after_seconds,
-    _usage_tokens,
+    Price,
+    error_code,
+    is_transient,
+    retry_after_seconds,
+    usage_tokens,
 )
+
+if TYPE_CHECKING:
+    from dp_textgrad.engines.ratelimit import TokenBucket
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -31,6 +37,35 @@ R = TypeVar("R")
 
 class Transport:
     """Requests with retries and accounting (mixin; see the module docstring)."""
+
+    if TYPE_CHECKING:  # what OpenAIEngine, which mixes this in, provides
+        model: str
+        price: Price | None
+        timeout: float
+        max_concurrency: int
+        max_retries: int
+        _client: openai.OpenAI
+        _slots: threading.BoundedSemaphore
+        _rate_limiter: TokenBucket | None
+        _state_lock: threading.Lock
+        _warned: set[str]
+        _backoff_base: float
+        _backoff_max: float
+        _retry_after_max: float
+
+        def _server_label(self) -> str: ...
+        def _count(
+            self,
+            *,
+            calls: int = ...,
+            prompt_tokens: int = ...,
+            completion_tokens: int = ...,
+            seconds: float = ...,
+            cost_usd: float = ...,
+            retries: int = ...,
+        ) -> None: ...
+        @contextmanager
+        def _timed(self) -> Iterator[dict[str, float]]: ...
 
     def _request(self, endpoint: Literal["chat", "completions"], body: dict[str, Any], what: str) -> dict:
         """POST one request with retries; return the decoded JSON object; count usage."""
@@ -48,24 +83,25 @@ class Transport:
             try:
                 data = json.loads(content)
             except (ValueError, UnicodeDecodeError):
-                raise _MalformedResponse("the response body is not valid JSON") from None
+                raise MalformedResponse("the response body is not valid JSON") from None
             if not isinstance(data, dict):
-                raise _MalformedResponse("the response body is not a JSON object")
+                raise MalformedResponse("the response body is not a JSON object")
             return data
 
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.max_retries + 1),
             wait=self._retry_wait,
-            retry=tenacity.retry_if_exception(_is_transient),
+            retry=tenacity.retry_if_exception(is_transient),
             before_sleep=lambda state: self._count(calls=0, retries=1),
             reraise=True,
         )
         with self._timed() as timer:
             try:
                 data = retrying(attempt)
-            except _MalformedResponse as error:
+            except MalformedResponse as error:
                 failure: OpenAIEngineError | None = OpenAIEngineError(
-                    f"{self._label()}: {what} failed: {error} (HTTP 200)", status_code=200, attempts=attempts)
+                    f"{self._label()}: {what} failed: {error} (HTTP 200)", status_code=200, attempts=attempts
+                )
             except openai.OpenAIError as error:
                 failure = self._failure(error, what, attempts)
             else:
@@ -73,19 +109,21 @@ class Transport:
         if failure is not None:
             self._count(calls=0, seconds=timer["seconds"])
             raise failure
-        usage = _usage_tokens(data)
+        usage = usage_tokens(data)
         cost = self.price.cost(*usage) if self.price else 0.0
-        self._count(calls=1, prompt_tokens=usage[0], completion_tokens=usage[1],
-                    seconds=timer["seconds"], cost_usd=cost)
+        self._count(
+            calls=1, prompt_tokens=usage[0], completion_tokens=usage[1], seconds=timer["seconds"], cost_usd=cost
+        )
         return data
 
     def _retry_wait(self, state: tenacity.RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None
-        retry_after = _retry_after_seconds(error)
+        retry_after = retry_after_seconds(error)
         if retry_after is not None:
             return min(retry_after, self._retry_after_max)
         backoff = tenacity.wait_exponential_jitter(
-            initial=self._backoff_base, max=self._backoff_max, jitter=self._backoff_base)
+            initial=self._backoff_base, max=self._backoff_max, jitter=self._backoff_base
+        )
         return backoff(state)
 
     def _failure(self, error: openai.OpenAIError, what: str, attempts: int) -> OpenAIEngineError:
@@ -99,17 +137,21 @@ class Transport:
         elif isinstance(error, openai.APIStatusError):
             status = error.status_code
             reason = f"HTTP {status} ({type(error).__name__})"
-            code = _error_code(error)
+            code = error_code(error)
             if code:
                 reason += f", error code {code!r}"
-            reason += {401: "; check api_key / OPENAI_API_KEY",
-                       403: "; the key may lack access to this model",
-                       404: "; check the model name and base_url"}.get(status, "")
+            reason += {
+                401: "; check api_key / OPENAI_API_KEY",
+                403: "; the key may lack access to this model",
+                404: "; check the model name and base_url",
+            }.get(status, "")
         else:
             reason = type(error).__name__
         return OpenAIEngineError(
             f"{self._label()}: {what} failed after {attempts} attempt(s): {reason}",
-            status_code=status, attempts=attempts)
+            status_code=status,
+            attempts=attempts,
+        )
 
     def _label(self) -> str:
         return f"OpenAIEngine(model={self.model!r}, server={self._server_label()!r})"

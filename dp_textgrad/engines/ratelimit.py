@@ -12,6 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 
 class TokenBucket:
@@ -38,15 +39,14 @@ class TokenBucket:
         self._last = clock()
 
     @classmethod
-    def per_minute(cls, requests_per_minute: float, burst: float = 1.0, **kwargs) -> TokenBucket:
+    def per_minute(cls, requests_per_minute: float, burst: float = 1.0, **kwargs: Any) -> TokenBucket:
         if not (
             isinstance(requests_per_minute, (int, float))
             and math.isfinite(requests_per_minute)
             and requests_per_minute > 0
         ):
             raise ValueError(
-                "requests_per_minute: must be a finite number > 0 or None (no limit), "
-                f"got {requests_per_minute!r}"
+                f"requests_per_minute: must be a finite number > 0 or None (no limit), got {requests_per_minute!r}"
             )
         return cls(requests_per_minute / 60.0, burst, **kwargs)
 

@@ -7,7 +7,7 @@ llama.cpp nor torch. The scripted engine is for unit tests and is not offered.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 
 def _llama_cpp(model: str | None, base_url: str | None, mode: str | None, **options: Any) -> Any:
@@ -17,9 +17,10 @@ def _llama_cpp(model: str | None, base_url: str | None, mode: str | None, **opti
 
 
 def _openai(model: str | None, base_url: str | None, mode: str | None, **options: Any) -> Any:
-    from dp_textgrad.engines.openai_engine import OpenAIEngine
+    from dp_textgrad.engines.openai_engine import ApiMode, OpenAIEngine
 
-    return OpenAIEngine(model, base_url=base_url, mode=mode or "chat", **options)
+    # The engine checks both: a missing model or an unknown mode is a ValueError naming the field.
+    return OpenAIEngine(cast(str, model), base_url=base_url, mode=cast(ApiMode, mode or "chat"), **options)
 
 
 def _transformers(model: str | None, base_url: str | None, mode: str | None, **options: Any) -> Any:
@@ -35,8 +36,9 @@ ENGINES: dict[str, Callable[..., Any]] = {
 }
 
 
-def build_engine(kind: str, *, model: str | None = None, base_url: str | None = None, mode: str | None = None,
-                 **options: Any) -> Any:
+def build_engine(
+    kind: str, *, model: str | None = None, base_url: str | None = None, mode: str | None = None, **options: Any
+) -> Any:
     """The engine ``kind`` with its settings; errors name the field to fix."""
     try:
         build = ENGINES[kind]

@@ -115,8 +115,16 @@ class ScriptedEngine(Engine):
         self.history: list[ScriptedCall] = []
 
     # -- generation -----------------------------------------------------------------
-    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
-                  seed: int | None, stop: list[str] | None) -> str:
+    def _generate(
+        self,
+        prompt: str,
+        *,
+        system_prompt: str | None,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: list[str] | None,
+    ) -> str:
         if max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
         prompt_tokens = len(scripted_tokens(system_prompt or "")) + len(scripted_tokens(prompt))
@@ -177,9 +185,7 @@ class ScriptedEngine(Engine):
 
     def _check_context(self, n_tokens: int) -> None:
         if self.max_context_tokens is not None and n_tokens > self.max_context_tokens:
-            raise EngineError(
-                f"input has {n_tokens} tokens but the scripted context holds {self.max_context_tokens}"
-            )
+            raise EngineError(f"input has {n_tokens} tokens but the scripted context holds {self.max_context_tokens}")
 
     # -- scoring --------------------------------------------------------------------
     def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:

@@ -24,19 +24,24 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-
 from dp_textgrad.engines.base import CachesResults, Engine, EngineError, ResultCache
-
 from dp_textgrad.engines.transformers_loading import (
     INSTALL_HINT,
-    _drop_dequantized_gguf_marker,
-    _import_hf,
     convert_gguf,
+    drop_dequantized_gguf_marker,
+    import_hf,
 )
 from dp_textgrad.engines.transformers_scoring import TOP_ALTERNATIVES, HfScoring
 
-_DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-                "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
 
 
 class TransformersEngine(HfScoring, CachesResults, Engine):
@@ -79,7 +84,7 @@ class TransformersEngine(HfScoring, CachesResults, Engine):
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
-        torch, transformers = _import_hf()
+        torch, transformers = import_hf()
         self._torch = torch
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be an integer >= 1, got {max_batch_size!r}")
@@ -96,7 +101,7 @@ class TransformersEngine(HfScoring, CachesResults, Engine):
         torch_device = self._resolve_device(device, model)
         # A passed model keeps its dtype unless one is asked for.
         torch_dtype = None if (model is not None and dtype is None) else self._resolve_dtype(dtype, torch_device)
-        if model is None:
+        if model_name_or_path is not None:  # else model= was given (exactly one of the two is)
             model, tokenizer, name = self._load(
                 transformers, os.fspath(model_name_or_path), gguf_file, torch_dtype, trust_remote_code
             )
@@ -155,8 +160,9 @@ class TransformersEngine(HfScoring, CachesResults, Engine):
         return dtype
 
     @staticmethod
-    def _load(transformers: Any, name: str, gguf_file: str | None, torch_dtype: Any,
-              trust_remote_code: bool) -> tuple[Any, Any, str]:
+    def _load(
+        transformers: Any, name: str, gguf_file: str | None, torch_dtype: Any, trust_remote_code: bool
+    ) -> tuple[Any, Any, str]:
         source = name
         if gguf_file is None and name.endswith(".gguf") and os.path.isfile(name):
             source, gguf_file = os.path.dirname(os.path.abspath(name)), os.path.basename(name)
@@ -171,7 +177,7 @@ class TransformersEngine(HfScoring, CachesResults, Engine):
             model_options["dtype"] = torch_dtype
         model = transformers.AutoModelForCausalLM.from_pretrained(source, **model_options)
         if gguf_file is not None:
-            _drop_dequantized_gguf_marker(model)
+            drop_dequantized_gguf_marker(model)
         label = os.path.basename(name.rstrip("/\\")) if local else name
         return model, tokenizer, label
 
@@ -265,8 +271,16 @@ class TransformersEngine(HfScoring, CachesResults, Engine):
         return self._torch.tensor(rows, dtype=self._torch.long, device=self.device)
 
     # -- generation -------------------------------------------------------------------
-    def _generate(self, prompt: str, *, system_prompt: str | None, temperature: float, max_tokens: int,
-                  seed: int | None, stop: list[str] | None) -> str:
+    def _generate(
+        self,
+        prompt: str,
+        *,
+        system_prompt: str | None,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+        stop: list[str] | None,
+    ) -> str:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens: must be an integer >= 1, got {max_tokens!r}")
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
@@ -285,8 +299,9 @@ class TransformersEngine(HfScoring, CachesResults, Engine):
         self._cache_put(key, text)
         return text
 
-    def _decode(self, ids: list[int], temperature: float, max_tokens: int, seed: int | None,
-                stops: tuple[str, ...]) -> tuple[str, int]:
+    def _decode(
+        self, ids: list[int], temperature: float, max_tokens: int, seed: int | None, stops: tuple[str, ...]
+    ) -> tuple[str, int]:
         """Token-by-token decoding with the key/value cache. Sampling draws from a CPU
         ``torch.Generator`` so a seed gives the same text on any device."""
         torch = self._torch
@@ -312,8 +327,7 @@ class TransformersEngine(HfScoring, CachesResults, Engine):
                 if cut >= 0:
                     return text[:cut], steps
             if steps < max_tokens:
-                out = self._forward(self._tensor([[token]]), 1, past_key_values=out.past_key_values,
-                                    use_cache=True)
+                out = self._forward(self._tensor([[token]]), 1, past_key_values=out.past_key_values, use_cache=True)
         return self.tokenizer.decode(generated, skip_special_tokens=True), steps
 
     def _pick(self, logits: Any, temperature: float, generator: Any) -> int:

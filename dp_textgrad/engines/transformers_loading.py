@@ -12,12 +12,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-
-
 INSTALL_HINT = "pip install 'dp-textgrad[hf]'"
 
 
-def _import_hf() -> tuple[Any, Any]:
+def import_hf() -> tuple[Any, Any]:
     """Import torch and transformers lazily: they are an optional extra."""
     try:
         import torch
@@ -29,7 +27,7 @@ def _import_hf() -> tuple[Any, Any]:
     return torch, transformers
 
 
-def _drop_dequantized_gguf_marker(model: Any) -> None:
+def drop_dequantized_gguf_marker(model: Any) -> None:
     """transformers loads a GGUF by dequantizing it (unless the optional ``kernels``
     package keeps blocks packed) but leaves a quantizer attached that refuses
     ``save_pretrained`` and dtype changes. When every weight is a plain floating
@@ -39,15 +37,15 @@ def _drop_dequantized_gguf_marker(model: Any) -> None:
         return
     import torch
 
-    plain = all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point()
-                for p in model.parameters())
+    plain = all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_floating_point() for p in model.parameters())
     packed = any("gguf" in type(m).__name__.lower() for m in model.modules())
     if plain and not packed:
         quantizer.remove_quantization_config(model)
 
 
-def convert_gguf(gguf_path: str | os.PathLike[str], output_dir: str | os.PathLike[str], *,
-                 overwrite: bool = False) -> Path:
+def convert_gguf(
+    gguf_path: str | os.PathLike[str], output_dir: str | os.PathLike[str], *, overwrite: bool = False
+) -> Path:
     """Dequantize a GGUF checkpoint once into a transformers directory (float32).
 
     Loading a GGUF through transformers parses its metadata and dequantizes every
@@ -57,7 +55,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], output_dir: str | os.PathLik
     rename, so an interrupted conversion leaves nothing half-written. Needs the
     ``gguf`` and ``accelerate`` packages.
     """
-    torch, transformers = _import_hf()
+    torch, transformers = import_hf()
     source = Path(gguf_path)
     target = Path(output_dir)
     if not source.is_file():
@@ -67,7 +65,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], output_dir: str | os.PathLik
     options = {"gguf_file": source.name, "local_files_only": True}
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(source.parent), **options)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(source.parent), dtype=torch.float32, **options)
-    _drop_dequantized_gguf_marker(model)
+    drop_dequantized_gguf_marker(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
@@ -85,6 +83,6 @@ def convert_gguf(gguf_path: str | os.PathLike[str], output_dir: str | os.PathLik
     return target
 
 
-def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
+def chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dp_textgrad.engines.base import EngineError, TokenLogprobs
-from dp_textgrad.engines.transformers_loading import _chunks
+from dp_textgrad.engines.transformers_loading import chunks
 
 TOP_ALTERNATIVES = 5
 # log_softmax over a 262k vocabulary in float32 is ~1 MB a position: bound the work
@@ -25,6 +27,35 @@ _POSITIONS_PER_CHUNK = 64
 
 class HfScoring:
     """Log-probabilities and gradients (mixin; see the module docstring)."""
+
+    if TYPE_CHECKING:  # what TransformersEngine, which mixes this in, provides
+        model: Any
+        device: Any
+        max_batch_size: int
+        reuse_prefix: bool
+        _torch: Any
+        _lock: threading.RLock
+        _pad_id: int
+
+        def _cache_get(self, key: Hashable | None) -> tuple[bool, Any]: ...
+        def _cache_put(self, key: Hashable | None, value: Any) -> None: ...
+        def _count(
+            self,
+            *,
+            calls: int = ...,
+            prompt_tokens: int = ...,
+            completion_tokens: int = ...,
+            seconds: float = ...,
+            cost_usd: float = ...,
+            retries: int = ...,
+        ) -> None: ...
+        @contextmanager
+        def _timed(self) -> Iterator[dict[str, float]]: ...
+        def _encode_context(self, text: str) -> list[int]: ...
+        def _encode_piece(self, text: str) -> list[int]: ...
+        def _token_text(self, token_id: int) -> str: ...
+        def _forward(self, input_ids: Any, keep: Sequence[int] | int, **kwargs: Any) -> Any: ...
+        def _tensor(self, rows: Sequence[Sequence[int]]) -> Any: ...
 
     def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
         """log p(choice | prefix + suffix) for every suffix and choice, shape
@@ -77,16 +108,18 @@ class HfScoring:
             scores[i, j] = sum(logprobs[(row, position, token)] for position, token in steps)
         return scores, tokens
 
-    def _row_logprobs(self, prefix_ids: list[int], rows: list[list[int]],
-                      needed: list[dict[int, set[int]]]) -> tuple[dict[tuple[int, int, int], float], int]:
+    def _row_logprobs(
+        self, prefix_ids: list[int], rows: list[list[int]], needed: list[dict[int, set[int]]]
+    ) -> tuple[dict[tuple[int, int, int], float], int]:
         if self.reuse_prefix:
             result = self._row_logprobs_shared_prefix(prefix_ids, rows, needed)
             if result is not None:
                 return result
         return self._row_logprobs_full(prefix_ids, rows, needed)
 
-    def _gather(self, logits: Any, targets: set[int], key: tuple[int, int],
-                into: dict[tuple[int, int, int], float]) -> None:
+    def _gather(
+        self, logits: Any, targets: set[int], key: tuple[int, int], into: dict[tuple[int, int, int], float]
+    ) -> None:
         """log_softmax in float32 of one position, read at the target tokens."""
         row = logits.float()
         lse = self._torch.logsumexp(row, dim=-1)
@@ -95,9 +128,9 @@ class HfScoring:
         for token, value in zip(ordered, picked):
             into[(key[0], key[1], token)] = float(value)
 
-    def _row_logprobs_shared_prefix(self, prefix_ids: list[int], rows: list[list[int]],
-                                    needed: list[dict[int, set[int]]]
-                                    ) -> tuple[dict[tuple[int, int, int], float], int] | None:
+    def _row_logprobs_shared_prefix(
+        self, prefix_ids: list[int], rows: list[list[int]], needed: list[dict[int, set[int]]]
+    ) -> tuple[dict[tuple[int, int, int], float], int] | None:
         """Run the prefix once, then each batch of rows on a copy of its cache."""
         torch = self._torch
         prefix_out = self._forward(self._tensor([prefix_ids]), 1, use_cache=True)
@@ -112,7 +145,7 @@ class HfScoring:
         tokens = n_prefix
         # Longest first, so rows of similar length share a batch (less padding).
         order = sorted((r for r in range(len(rows)) if rows[r]), key=lambda r: -len(rows[r]))
-        for batch in _chunks(order, self.max_batch_size):
+        for batch in chunks(order, self.max_batch_size):
             width = len(rows[batch[0]])
             input_ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long, device=self.device)
             mask = torch.zeros((len(batch), n_prefix + width), dtype=torch.long, device=self.device)
@@ -132,15 +165,16 @@ class HfScoring:
                         self._gather(out.logits[b, column[position]], targets, (r, position), into)
         return into, tokens
 
-    def _row_logprobs_full(self, prefix_ids: list[int], rows: list[list[int]],
-                           needed: list[dict[int, set[int]]]) -> tuple[dict[tuple[int, int, int], float], int]:
+    def _row_logprobs_full(
+        self, prefix_ids: list[int], rows: list[list[int]], needed: list[dict[int, set[int]]]
+    ) -> tuple[dict[tuple[int, int, int], float], int]:
         """Whole sequences (prefix + row), right-padded, for models without a shareable cache."""
         torch = self._torch
         into: dict[tuple[int, int, int], float] = {}
         n_prefix = len(prefix_ids)
         tokens = 0
         order = sorted(range(len(rows)), key=lambda r: -len(rows[r]))
-        for batch in _chunks(order, self.max_batch_size):
+        for batch in chunks(order, self.max_batch_size):
             width = n_prefix + len(rows[batch[0]])
             input_ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long, device=self.device)
             mask = torch.zeros((len(batch), width), dtype=torch.long, device=self.device)

@@ -19,6 +19,20 @@ from dp_textgrad.federated.remote import RemoteRecords
 from dp_textgrad.federated.silo import Silo, SiloRefused, SiloState
 from dp_textgrad.federated.split import dirichlet_label_split, label_mix
 
-__all__ = ["FederatedScoring", "Guarantee", "InProcessSilos", "PLACEMENTS", "RemoteRecords", "SHRINKAGE", "Silo",
-           "SiloRefused", "SiloState", "dirichlet_label_split", "guarantees", "label_mix", "silo_mechanism",
-           "silo_noise_factor", "total_noise_factor"]
+__all__ = [
+    "FederatedScoring",
+    "Guarantee",
+    "InProcessSilos",
+    "PLACEMENTS",
+    "RemoteRecords",
+    "SHRINKAGE",
+    "Silo",
+    "SiloRefused",
+    "SiloState",
+    "dirichlet_label_split",
+    "guarantees",
+    "label_mix",
+    "silo_mechanism",
+    "silo_noise_factor",
+    "total_noise_factor",
+]

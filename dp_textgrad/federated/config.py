@@ -9,7 +9,7 @@ to simulated silos. ``federation.silos`` lists real silos, one private file each
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -18,46 +18,58 @@ from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
 from dp_textgrad.federated.coordinator import Shrinkage
 from dp_textgrad.federated.placement import NoisePlacement, check_estimators
 from dp_textgrad.federated.secure_sum import check_secure_aggregation
-from dp_textgrad.settings import EngineSection, OutputSection, TaskSection, _Section, read_config_file
+from dp_textgrad.settings import EngineSection, OutputSection, Section, TaskSection, read_config_file
 
 
-class SiloSection(_Section):
+class SiloSection(Section):
     name: str = Field(min_length=1, description="the silo's name (public)")
     train: Path = Field(description="the silo's private file (.csv, .tsv or .jsonl); only the silo reads it")
     text_column: str = "text"
     label_column: str = "label"
     encoding: str = "utf-8-sig"
-    max_epsilon: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
-                                         description="the silo's own cap on its records' epsilon (its own noise)")
-    size: Optional[int] = Field(None, ge=1, description="the silo's public record count, declared by its owner "
-                                                        "(default: its record count, then treated as public)")
+    max_epsilon: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="the silo's own cap on its records' epsilon (its own noise)"
+    )
+    size: int | None = Field(
+        None,
+        ge=1,
+        description="the silo's public record count, declared by its owner "
+        "(default: its record count, then treated as public)",
+    )
 
 
-class SplitSection(_Section):
+class SplitSection(Section):
     silos: int = Field(3, ge=1, le=10_000, description="simulated silos dealt from the task's private records")
     alpha: float = Field(1.0, gt=0, allow_inf_nan=False, description="Dirichlet label skew (0.3 skewed, 10 near IID)")
     seed: int = Field(0, description="public seed of the split (a simulation tool, not a privacy mechanism)")
 
 
-class FederationSection(_Section):
+class FederationSection(Section):
     placement: NoisePlacement = Field("central", description="where the noise is added: central | distributed | local")
-    jse: Shrinkage = Field("none", description="James-Stein shrinkage: none | coordinator | silo (placement "
-                                               "'local' only)")
-    control_variate: bool = Field(False, description="remove each silo's drift with the reference candidate's score "
-                                                     "(placement 'local' only)")
-    secure_aggregation: bool = Field(False, description="placement 'distributed' only: the coordinator receives "
-                                                        "only the sum of the silos' values (Flower SecAgg+)")
-    silos: Optional[list[SiloSection]] = Field(None, description="real silos, one private file each")
+    jse: Shrinkage = Field(
+        "none", description="James-Stein shrinkage: none | coordinator | silo (placement 'local' only)"
+    )
+    control_variate: bool = Field(
+        False, description="remove each silo's drift with the reference candidate's score (placement 'local' only)"
+    )
+    secure_aggregation: bool = Field(
+        False,
+        description="placement 'distributed' only: the coordinator receives "
+        "only the sum of the silos' values (Flower SecAgg+)",
+    )
+    silos: list[SiloSection] | None = Field(None, description="real silos, one private file each")
     split: SplitSection = Field(default_factory=SplitSection, description="simulated silos (when silos is not given)")
-    silo_max_epsilon: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
-                                              description="default max_epsilon of every silo")
-    silo_accounts: Optional[Path] = Field(None, description="where each silo keeps its own account file (default: "
-                                                            "the run directory's silo_accounts/)")
+    silo_max_epsilon: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="default max_epsilon of every silo"
+    )
+    silo_accounts: Path | None = Field(
+        None, description="where each silo keeps its own account file (default: the run directory's silo_accounts/)"
+    )
     transport: Literal["flower", "in_process"] = Field("flower", description="Flower simulation, or direct calls")
     cpus_per_silo: float = Field(1.0, gt=0, description="CPUs Flower reserves per simulated silo")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "FederationSection":
+    def _consistent(self) -> FederationSection:
         if self.silos is not None:
             names = [s.name for s in self.silos]
             if not names:
@@ -65,15 +77,17 @@ class FederationSection(_Section):
             if len(set(names)) != len(names):
                 raise ValueError("silos: silo names must be unique")
         if self.placement == "central" and (self.jse != "none" or self.control_variate):
-            raise ValueError("jse: under placement 'central' there are no per-silo noisy estimates; use "
-                             "jse 'none' and control_variate false, or placement 'distributed'/'local'")
+            raise ValueError(
+                "jse: under placement 'central' there are no per-silo noisy estimates; use "
+                "jse 'none' and control_variate false, or placement 'distributed'/'local'"
+            )
         check_estimators(self.placement, self.jse, self.control_variate)
         silos = len(self.silos) if self.silos is not None else self.split.silos
         check_secure_aggregation(self.secure_aggregation, self.placement, silos, self.jse, self.control_variate)
         return self
 
 
-class FederatedSettings(_Section):
+class FederatedSettings(Section):
     task: TaskSection = Field(default_factory=lambda: TaskSection(name="support"))
     engine: EngineSection = Field(default_factory=EngineSection)
     dp: DPESConfig = Field(default_factory=DPESConfig)
@@ -81,17 +95,21 @@ class FederatedSettings(_Section):
     federation: FederationSection = Field(default_factory=FederationSection)
 
     @model_validator(mode="after")
-    def _selection_fits_placement(self) -> "FederatedSettings":
+    def _selection_fits_placement(self) -> FederatedSettings:
         if self.federation.placement != "central":
             # Only scores noised at the silos can be released; a charged selection reads raw totals.
             if not SELECTION_STRATEGIES[self.dp.selection].releases_scores or self.dp.final_selection != "last":
-                raise ValueError("dp.selection: silos that add their own noise send no un-noised totals for a "
-                                 "selection mechanism; set dp.selection 'gaussian' and dp.final_selection 'last'")
+                raise ValueError(
+                    "dp.selection: silos that add their own noise send no un-noised totals for a "
+                    "selection mechanism; set dp.selection 'gaussian' and dp.final_selection 'last'"
+                )
             if self.dp.privacy == "off":
                 raise ValueError("dp.privacy: 'off' needs un-noised totals; use placement 'central'")
         if self.dp.mode == "unsafe":
-            raise ValueError("dp.mode: 'unsafe' shows raw records to the mutator, which a federation "
-                             "never sends to the coordinator; use 'public'")
+            raise ValueError(
+                "dp.mode: 'unsafe' shows raw records to the mutator, which a federation "
+                "never sends to the coordinator; use 'public'"
+            )
         return self
 
 

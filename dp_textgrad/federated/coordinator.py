@@ -88,19 +88,29 @@ def check_shrinkage(shrinkage: str, placement: NoisePlacement, control_variate: 
     if shrinkage not in SHRINKAGE:
         raise ValueError(f"jse: use one of {', '.join(SHRINKAGE)}, got {shrinkage!r}")
     if placement == "central" and (shrinkage != "none" or control_variate):
-        raise ValueError("jse: under placement 'central' the coordinator sees only the noised total, so "
-                         "there are no per-silo estimates to shrink or correct; use jse='none' and "
-                         "control_variate=false, or a 'distributed'/'local' placement")
+        raise ValueError(
+            "jse: under placement 'central' the coordinator sees only the noised total, so "
+            "there are no per-silo estimates to shrink or correct; use jse='none' and "
+            "control_variate=false, or a 'distributed'/'local' placement"
+        )
     check_estimators(placement, shrinkage, control_variate)
-    return shrinkage  # type: ignore[return-value]
+    return shrinkage
 
 
 class FederatedScoring:
     """A scoring backend over S silos with public sizes ``silo_sizes``."""
 
-    def __init__(self, transport: SiloTransport, silo_sizes: Sequence[int], placement: NoisePlacement,
-                 shrinkage: Shrinkage = "none", control_variate: bool = False,
-                 secure_aggregation: bool = False, coupling_path: Any = None, num_labels: int | None = None) -> None:
+    def __init__(
+        self,
+        transport: SiloTransport,
+        silo_sizes: Sequence[int],
+        placement: NoisePlacement,
+        shrinkage: Shrinkage = "none",
+        control_variate: bool = False,
+        secure_aggregation: bool = False,
+        coupling_path: Any = None,
+        num_labels: int | None = None,
+    ) -> None:
         self.transport = transport
         self.silo_sizes = [int(n) for n in silo_sizes]
         self.placement = check_placement(placement, len(self.silo_sizes))
@@ -127,29 +137,45 @@ class FederatedScoring:
     def silos(self) -> int:
         return len(self.silo_sizes)
 
-    def totals(self, prompts: Sequence[str], sampling_rate: float, clip_bound: float,
-               with_confusion: bool) -> SubsampleTotals:
+    def totals(
+        self, prompts: Sequence[str], sampling_rate: float, clip_bound: float, with_confusion: bool
+    ) -> SubsampleTotals:
         if self.adds_noise:
             raise PermissionError(f"placement: under '{self.placement}' the silos never send un-noised totals")
-        request = {"kind": "totals", "prompts": [str(p) for p in prompts], "sampling_rate": float(sampling_rate),
-                   "clip_bound": float(clip_bound), "with_confusion": bool(with_confusion)}
+        request = {
+            "kind": "totals",
+            "prompts": [str(p) for p in prompts],
+            "sampling_rate": float(sampling_rate),
+            "clip_bound": float(clip_bound),
+            "with_confusion": bool(with_confusion),
+        }
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
-        parts = [SubsampleTotals(np.asarray(r["sums"], dtype=float),
-                                 None if r.get("confusion") is None else np.asarray(r["confusion"], dtype=float))
-                 for r in replies]
+        parts = [
+            SubsampleTotals(
+                np.asarray(r["sums"], dtype=float),
+                None if r.get("confusion") is None else np.asarray(r["confusion"], dtype=float),
+            )
+            for r in replies
+        ]
         total = parts[0]
         for part in parts[1:]:
             total = total + part
         return total
 
-    def noised_sums(self, prompts: Sequence[str], sampling_rate: float, mechanism: Any,
-                    keep_confusion: bool) -> NoisedRelease:
+    def noised_sums(
+        self, prompts: Sequence[str], sampling_rate: float, mechanism: Any, keep_confusion: bool
+    ) -> NoisedRelease:
         prompts = [str(p) for p in prompts]
         self.num_candidates = len(prompts)
-        request = {"kind": "noised_sums", "prompts": prompts, "sampling_rate": float(sampling_rate),
-                   "clip_bound": float(mechanism.clip_bound), "noise_multiplier": float(mechanism.noise_multiplier),
-                   "feedback_noise_multiplier": mechanism.feedback_noise_multiplier,
-                   "keep_confusion": bool(keep_confusion)}
+        request = {
+            "kind": "noised_sums",
+            "prompts": prompts,
+            "sampling_rate": float(sampling_rate),
+            "clip_bound": float(mechanism.clip_bound),
+            "noise_multiplier": float(mechanism.noise_multiplier),
+            "feedback_noise_multiplier": mechanism.feedback_noise_multiplier,
+            "keep_confusion": bool(keep_confusion),
+        }
         silo_std = silo_mechanism(mechanism, self.placement, self.silos, self.unmask_threshold).noise_std
         if self.secure_aggregation:
             return self._secure_sum(request, "sums", mechanism.clip_bound, silo_std)
@@ -159,12 +185,17 @@ class FederatedScoring:
         return NoisedRelease(sums.sum(axis=0), silo_std * math.sqrt(self.silos))
 
     def noised_confusion(self, indices: Sequence[int], mechanism: Any) -> NoisedRelease:
-        request = {"kind": "noised_confusion", "indices": [int(i) for i in indices],
-                   "num_candidates": self.num_candidates, "clip_bound": float(mechanism.clip_bound),
-                   "noise_multiplier": float(mechanism.noise_multiplier),
-                   "feedback_noise_multiplier": mechanism.feedback_noise_multiplier}
-        silo_std = silo_mechanism(mechanism, self.placement, self.silos,
-                                  self.unmask_threshold).confusion_noise_std(len(indices))
+        request = {
+            "kind": "noised_confusion",
+            "indices": [int(i) for i in indices],
+            "num_candidates": self.num_candidates,
+            "clip_bound": float(mechanism.clip_bound),
+            "noise_multiplier": float(mechanism.noise_multiplier),
+            "feedback_noise_multiplier": mechanism.feedback_noise_multiplier,
+        }
+        silo_std = silo_mechanism(mechanism, self.placement, self.silos, self.unmask_threshold).confusion_noise_std(
+            len(indices)
+        )
         if self.secure_aggregation:
             return self._secure_sum(request, "confusion", mechanism.clip_bound, silo_std)
         replies = self.transport.ask([dict(request) for _ in range(self.silos)])
@@ -177,12 +208,19 @@ class FederatedScoring:
         bound = value_bound(self.silo_sizes, clip_bound, silo_std)
         per_entry = coupling_error(1, self.silos, silo_std, bound)
         if per_entry > MAX_COUPLING_ERROR:  # checked before anything is sent
-            raise ValueError(f"secure_aggregation: SecAgg+'s 22-bit fixed point over values up to {bound:g} is too "
-                             f"coarse for the silos' noise std {silo_std:g} (coupling error {per_entry:.1e} per "
-                             "value); declare smaller silo sizes, use more noise, or secure_aggregation false")
+            raise ValueError(
+                f"secure_aggregation: SecAgg+'s 22-bit fixed point over values up to {bound:g} is too "
+                f"coarse for the silos' noise std {silo_std:g} (coupling error {per_entry:.1e} per "
+                "value); declare smaller silo sizes, use more noise, or secure_aggregation false"
+            )
         # Counted before the sum is asked for, from its size (K sums, or m L^2 counts; unknown L: after).
-        entries = len(request["prompts"]) if key == "sums" else \
-            None if self.num_labels is None else len(request["indices"]) * int(self.num_labels) ** 2
+        entries = (
+            len(request["prompts"])
+            if key == "sums"
+            else None
+            if self.num_labels is None
+            else len(request["indices"]) * int(self.num_labels) ** 2
+        )
         self._count_coupling(per_entry * (entries or 0))
         total = np.asarray(self.transport.ask_sum({**request, "value_bound": bound}, key, bound))
         if entries is None:

@@ -19,22 +19,23 @@ SuperLink's machine.
 
 from __future__ import annotations
 
-import functools
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dp_textgrad import runs
 from dp_textgrad.federated.config import FederatedSettings, load_federated_settings
 from dp_textgrad.federated.run import (
-    ACCOUNTS_DIR,
     EngineFactory,
-    FederatedRunOutcome,
     SiloBuilder,
     coordinate_federated,
     public_task,
     resolved_config,
 )
 from dp_textgrad.federated.silo import Silo
+
+if TYPE_CHECKING:
+    from dp_textgrad.workflow import RunOutcome
 
 SETTINGS_IN_APP = "federation.yaml"
 APP_MODULE = "dp_textgrad_federation"
@@ -44,15 +45,21 @@ def deployed_silos(settings: FederatedSettings) -> tuple[list[str], list[int]]:
     """The silos' public names and declared sizes: all a coordinator of a deployment knows of them."""
     silos = settings.federation.silos
     if silos is None:
-        raise ValueError("federation.silos: a deployment needs its real silos listed (name, train, size); "
-                         "federation.split only simulates silos on one machine")
+        raise ValueError(
+            "federation.silos: a deployment needs its real silos listed (name, train, size); "
+            "federation.split only simulates silos on one machine"
+        )
     if settings.task.train is not None:
-        raise ValueError("task.train: the coordinator of a deployment reads no private file; name a built-in task "
-                         "(task.name) for its public parts (custom task files across machines: not supported yet)")
+        raise ValueError(
+            "task.train: the coordinator of a deployment reads no private file; name a built-in task "
+            "(task.name) for its public parts (custom task files across machines: not supported yet)"
+        )
     missing = [s.name for s in silos if s.size is None]
     if missing:
-        raise ValueError(f"federation.silos: declare size (the public record count) of every silo for a deployment; "
-                         f"missing for {', '.join(missing)} (the coordinator never reads a silo's file)")
+        raise ValueError(
+            f"federation.silos: declare size (the public record count) of every silo for a deployment; "
+            f"missing for {', '.join(missing)} (the coordinator never reads a silo's file)"
+        )
     return [s.name for s in silos], [int(s.size) for s in silos]  # type: ignore[arg-type]
 
 
@@ -71,20 +78,22 @@ class SuperNodeSilo:
             config = context.node_config
             for key in ("settings", "silo"):
                 if key not in config:
-                    raise ValueError(f"node-config: {key} is missing; start the SuperNode with --node-config "
-                                     "'settings=\"/path/to/silos.yaml\" silo=\"NAME\"'")
+                    raise ValueError(
+                        f"node-config: {key} is missing; start the SuperNode with --node-config "
+                        '\'settings="/path/to/silos.yaml" silo="NAME"\''
+                    )
             self.settings_path = Path(str(config["settings"])).resolve()
             self.settings = load_federated_settings(self.settings_path)
             names, _ = deployed_silos(self.settings)
             name = str(config["silo"])
             if name not in names:
-                raise ValueError(f"node-config silo: {name!r} is not a silo of {self.settings_path} "
-                                 f"(its silos: {', '.join(names)})")
+                raise ValueError(
+                    f"node-config silo: {name!r} is not a silo of {self.settings_path} (its silos: {', '.join(names)})"
+                )
             self.index = names.index(name)
         return self.index
 
     def __call__(self, index: int) -> Silo:
-        from dp_textgrad.builders import build_task, make_engine
         from dp_textgrad.tasks.loaders import load_classification_file
 
         settings, path = self.settings, self.settings_path
@@ -92,21 +101,41 @@ class SuperNodeSilo:
             raise RuntimeError("SuperNodeSilo: locate the silo (its node config) before building it")
         federation = settings.federation
         names, sizes = deployed_silos(settings)
-        task = build_task(settings.task)
+        task = settings.task.build()
         own = federation.silos[index]  # type: ignore[index]
         records: list[list[Any]] = [[] for _ in names]  # the other silos' records stay with them
-        records[index] = load_classification_file(own.train, own.text_column, own.label_column, labels=task.labels,
-                                                  warn_imbalance=False, encoding=own.encoding)
-        caps = [s.max_epsilon if s.max_epsilon is not None else federation.silo_max_epsilon
-                for s in federation.silos]  # type: ignore[union-attr]
+        records[index] = load_classification_file(
+            own.train,
+            own.text_column,
+            own.label_column,
+            labels=task.labels,
+            warn_imbalance=False,
+            encoding=own.encoding,
+        )
+        caps = [s.max_epsilon if s.max_epsilon is not None else federation.silo_max_epsilon for s in federation.silos]  # type: ignore[union-attr]
         config = resolved_config(settings, sizes)
-        accounts = Path(federation.silo_accounts) if federation.silo_accounts is not None \
-            else path.parent / ACCOUNTS_DIR
-        engine_factory = self.engine_factory or functools.partial(make_engine, settings.engine)
-        builder = SiloBuilder(public_task(task, sizes), names, records, engine_factory, federation.placement,
-                              federation.jse == "silo", caps, float(config.delta), config.max_record_tokens,
-                              config.long_records, config.insecure_noise_seed, sizes, accounts,
-                              secure_aggregation=federation.secure_aggregation)
+        accounts = (
+            Path(federation.silo_accounts)
+            if federation.silo_accounts is not None
+            else path.parent / runs.SILO_ACCOUNTS_DIR
+        )
+        engine_factory = self.engine_factory or settings.engine.factory()
+        builder = SiloBuilder(
+            public_task(task, sizes),
+            names,
+            records,
+            engine_factory,
+            federation.placement,
+            federation.jse == "silo",
+            caps,
+            float(config.delta),
+            config.max_record_tokens,
+            config.long_records,
+            config.insecure_noise_seed,
+            sizes,
+            accounts,
+            secure_aggregation=federation.secure_aggregation,
+        )
         return builder(index)
 
 
@@ -118,27 +147,33 @@ def client_app(engine_factory: EngineFactory | None = None) -> Any:
     return make_client_app(silo, locate=silo.locate)
 
 
-def coordinate_deployment(settings: FederatedSettings, grid: Any, run_dir: Path,
-                          engine_factory: EngineFactory | None = None, task: Any = None) -> FederatedRunOutcome:
+def coordinate_deployment(
+    settings: FederatedSettings, grid: Any, run_dir: Path, engine_factory: EngineFactory | None = None, task: Any = None
+) -> RunOutcome:
     """The coordinator's run over a Flower ``grid`` of SuperNodes, one per silo of ``settings``."""
-    from dp_textgrad.builders import build_task, make_engine
     from dp_textgrad.federated.flower_app import FlowerGrid
 
     names, sizes = deployed_silos(settings)
-    task = task if task is not None else build_task(settings.task)
-    engine_factory = engine_factory or functools.partial(make_engine, settings.engine)
-    deployed = settings.model_copy(update={"federation": settings.federation.model_copy(
-        update={"transport": "flower"})})
-    return coordinate_federated(deployed, names, sizes, lambda coordinate: coordinate(FlowerGrid(grid, len(sizes))),
-                                engine_factory=engine_factory, task=task, run_dir=run_dir)
+    task = task if task is not None else settings.task.build()
+    engine_factory = engine_factory or settings.engine.factory()
+    deployed = settings.model_copy(
+        update={"federation": settings.federation.model_copy(update={"transport": "flower"})}
+    )
+    return coordinate_federated(
+        deployed,
+        names,
+        sizes,
+        lambda coordinate: coordinate(FlowerGrid(grid, len(sizes))),
+        engine_factory=engine_factory,
+        task=task,
+        run_dir=run_dir,
+    )
 
 
 def server_app(settings_path: Path, engine_factory: EngineFactory | None = None) -> Any:
     """The coordinator's ServerApp: the settings at ``settings_path`` (shipped in the Flower App), the run
     directory under the run config's ``runs-root`` (on the SuperLink's machine)."""
     from flwr.serverapp import ServerApp
-
-    from dp_textgrad import runs
 
     app = ServerApp()
 
@@ -199,11 +234,21 @@ def write_app(settings_path: Path, out_dir: Path, runs_root: Path, name: str = "
         raise ValueError(f"out: {out_dir} is not empty; name a new directory for the Flower App")
     out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(settings_path, out_dir / SETTINGS_IN_APP)
-    fields = dict(name=name, module=APP_MODULE, settings=SETTINGS_IN_APP, runs_root=Path(runs_root).resolve().as_posix())
+    fields = dict(
+        name=name, module=APP_MODULE, settings=SETTINGS_IN_APP, runs_root=Path(runs_root).resolve().as_posix()
+    )
     (out_dir / "pyproject.toml").write_text(_PYPROJECT.format(**fields), encoding="utf-8")
     (out_dir / f"{APP_MODULE}.py").write_text(_MODULE.format(**fields), encoding="utf-8")
     return out_dir
 
 
-__all__ = ["APP_MODULE", "SETTINGS_IN_APP", "SuperNodeSilo", "client_app", "coordinate_deployment",
-           "deployed_silos", "server_app", "write_app"]
+__all__ = [
+    "APP_MODULE",
+    "SETTINGS_IN_APP",
+    "SuperNodeSilo",
+    "client_app",
+    "coordinate_deployment",
+    "deployed_silos",
+    "server_app",
+    "write_app",
+]

@@ -33,8 +33,11 @@ def encode(payload: dict[str, Any]) -> Any:
     """A request or reply as a Flower RecordDict: arrays apart, everything else as JSON text."""
     from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-    arrays = {k: Array(np.ascontiguousarray(np.asarray(v, dtype=float)))
-              for k, v in payload.items() if k in _ARRAYS and v is not None}
+    arrays = {
+        k: Array(np.ascontiguousarray(np.asarray(v, dtype=float)))
+        for k, v in payload.items()
+        if k in _ARRAYS and v is not None
+    }
     rest = {k: v for k, v in payload.items() if k not in arrays}
     record = RecordDict({"fields": ConfigRecord({"json": json.dumps(rest)})})
     if arrays:
@@ -55,17 +58,28 @@ def _load_state(context: Any) -> SiloState:
     saved = json.loads(context.state[_STATE_KEY]["json"])
     arrays = context.state[_STATE_KEY + "_arrays"] if _STATE_KEY + "_arrays" in context.state else {}
     confusion = arrays["confusion"].numpy() if "confusion" in arrays else None
-    return SiloState(events=saved["events"], confusion=confusion,
-                     feedback_noise_multiplier=saved.get("feedback_noise_multiplier"),
-                     releases=saved.get("releases", []))
+    return SiloState(
+        events=saved["events"],
+        confusion=confusion,
+        feedback_noise_multiplier=saved.get("feedback_noise_multiplier"),
+        releases=saved.get("releases", []),
+    )
 
 
 def _save_state(context: Any, state: SiloState) -> None:
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
-    context.state[_STATE_KEY] = ConfigRecord({"json": json.dumps({
-        "events": state.events, "releases": state.releases,
-        "feedback_noise_multiplier": state.feedback_noise_multiplier})})
+    context.state[_STATE_KEY] = ConfigRecord(
+        {
+            "json": json.dumps(
+                {
+                    "events": state.events,
+                    "releases": state.releases,
+                    "feedback_noise_multiplier": state.feedback_noise_multiplier,
+                }
+            )
+        }
+    )
     held = {} if state.confusion is None else {"confusion": Array(np.ascontiguousarray(state.confusion))}
     context.state[_STATE_KEY + "_arrays"] = ArrayRecord(held)
 
@@ -138,8 +152,9 @@ class FlowerGrid:
         deadline = time.monotonic() + wait
         while len(list(grid.get_node_ids())) < silos:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"silos: only {len(list(grid.get_node_ids()))} of {silos} Flower nodes joined "
-                                   f"within {wait:g} s")
+                raise TimeoutError(
+                    f"silos: only {len(list(grid.get_node_ids()))} of {silos} Flower nodes joined within {wait:g} s"
+                )
             time.sleep(0.05)
         self.nodes = self._nodes_by_partition(silos)
 
@@ -182,12 +197,20 @@ class FlowerGrid:
         from dp_textgrad.federated.secure_sum import flower_secure_sum
 
         self.rounds += 1
-        return flower_secure_sum(self.grid, self.nodes, {**request, "sum_of": key}, bound, self.rounds,
-                                 timeout=self.timeout)
+        return flower_secure_sum(
+            self.grid, self.nodes, {**request, "sum_of": key}, bound, self.rounds, timeout=self.timeout
+        )
 
 
-def run_flower_simulation(build_silo: SiloBuilder, silos: int, coordinate: Callable[[FlowerGrid], Any], *,
-                          cpus_per_silo: float = 1.0, num_cpus: int | None = None, verbose: bool = False) -> Any:
+def run_flower_simulation(
+    build_silo: SiloBuilder,
+    silos: int,
+    coordinate: Callable[[FlowerGrid], Any],
+    *,
+    cpus_per_silo: float = 1.0,
+    num_cpus: int | None = None,
+    verbose: bool = False,
+) -> Any:
     """Run ``coordinate(grid)`` as the ServerApp against ``silos`` simulated SuperNodes; return its result."""
     import logging
     import os
@@ -208,9 +231,15 @@ def run_flower_simulation(build_silo: SiloBuilder, silos: int, coordinate: Calla
 
     client = make_client_app(build_silo)
     cpus = num_cpus or os.cpu_count() or 1
-    backend = {"client_resources": {"num_cpus": min(float(cpus_per_silo), float(cpus))},
-               "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": verbose,
-                             "logging_level": logging.INFO if verbose else logging.ERROR}}
+    backend: dict[str, Any] = {
+        "client_resources": {"num_cpus": min(float(cpus_per_silo), float(cpus))},
+        "init_args": {
+            "num_cpus": cpus,
+            "include_dashboard": False,
+            "log_to_driver": verbose,
+            "logging_level": logging.INFO if verbose else logging.ERROR,
+        },
+    }
     flower_log = logging.getLogger("flwr")
     level = flower_log.level
     if not verbose:  # Flower's banners and per-message debug lines are noise on the user's console
@@ -219,8 +248,13 @@ def run_flower_simulation(build_silo: SiloBuilder, silos: int, coordinate: Calla
         with warnings.catch_warnings():
             # ray.init's FutureWarning about accelerator variables says nothing about this run.
             warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\.")
-            run_simulation(server_app=server, client_app=client, num_supernodes=silos, backend_config=backend,
-                           verbose_logging=verbose)
+            run_simulation(
+                server_app=server,
+                client_app=client,
+                num_supernodes=silos,
+                backend_config=backend,
+                verbose_logging=verbose,
+            )
     finally:
         flower_log.setLevel(level)
     if "error" in outcome:

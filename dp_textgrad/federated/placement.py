@@ -44,7 +44,7 @@ def check_placement(placement: str, silos: int) -> NoisePlacement:
         raise ValueError(f"placement: use one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if isinstance(silos, bool) or not isinstance(silos, int) or silos < 1:
         raise ValueError(f"silos: need at least one silo, got {silos!r}")
-    return placement  # type: ignore[return-value]
+    return placement
 
 
 def check_estimators(placement: str, jse: str, control_variate: bool) -> None:
@@ -55,10 +55,12 @@ def check_estimators(placement: str, jse: str, control_variate: bool) -> None:
     so the sum's guarantee would not cover it (docs/federated.md)."""
     if placement == "distributed" and (jse != "none" or control_variate):
         setting = f"jse {jse!r}" if jse != "none" else "control_variate true"
-        raise ValueError(f"jse: {setting} under placement 'distributed' would release a function of each silo's "
-                         "value, which carries only a share of the noise, not of the noised sum; use jse 'none' and "
-                         "control_variate false, or placement 'local' (each silo's value then carries the full "
-                         "noise and shrinkage is post-processing)")
+        raise ValueError(
+            f"jse: {setting} under placement 'distributed' would release a function of each silo's "
+            "value, which carries only a share of the noise, not of the noised sum; use jse 'none' and "
+            "control_variate false, or placement 'local' (each silo's value then carries the full "
+            "noise and shrinkage is post-processing)"
+        )
 
 
 def noise_shares(silos: int, unmask_threshold: int | None = None) -> int:
@@ -96,8 +98,11 @@ def silo_mechanism(mechanism: Any, placement: NoisePlacement, silos: int, unmask
     if factor == 0.0:
         raise ValueError("placement: under 'central' the silos add no noise (the coordinator does)")
     feedback = mechanism.feedback_noise_multiplier
-    return dataclasses.replace(mechanism, noise_multiplier=mechanism.noise_multiplier * factor,
-                               feedback_noise_multiplier=None if feedback is None else feedback * factor)
+    return dataclasses.replace(
+        mechanism,
+        noise_multiplier=mechanism.noise_multiplier * factor,
+        feedback_noise_multiplier=None if feedback is None else feedback * factor,
+    )
 
 
 def scale_gaussian_noise(event: dpe.DpEvent, factor: float) -> dpe.DpEvent:
@@ -112,8 +117,9 @@ def scale_gaussian_noise(event: dpe.DpEvent, factor: float) -> dpe.DpEvent:
         return dpe.ComposedDpEvent([scale_gaussian_noise(e, factor) for e in event.events])
     if isinstance(event, (dpe.NoOpDpEvent, dpe.LaplaceDpEvent)):  # a size count: full noise at its silo
         return event
-    raise ValueError(f"events: a federated run under distributed noise charges Gaussian events only, "
-                     f"got {type(event).__name__}")
+    raise ValueError(
+        f"events: a federated run under distributed noise charges Gaussian events only, got {type(event).__name__}"
+    )
 
 
 def staged_bound(events: Sequence[dpe.DpEvent], delta: float, epsilon_of: Any = None) -> float:
@@ -154,9 +160,16 @@ def coupled_delta(epsilon: float, delta: float, coupling_error: float) -> float:
     return delta + (1.0 + math.exp(min(epsilon, 700.0))) * coupling_error
 
 
-def guarantees(placement: NoisePlacement, silos: int, events: Sequence[dpe.DpEvent], delta: float,
-               epsilon_of: Any, secure_aggregation: bool = False, unmask_threshold: int | None = None,
-               coupling_error: float = 0.0) -> list[Guarantee]:
+def guarantees(
+    placement: NoisePlacement,
+    silos: int,
+    events: Sequence[dpe.DpEvent],
+    delta: float,
+    epsilon_of: Any,
+    secure_aggregation: bool = False,
+    unmask_threshold: int | None = None,
+    coupling_error: float = 0.0,
+) -> list[Guarantee]:
     """What a run that charged ``events`` guarantees under ``placement`` (``epsilon_of(events, delta)``
     is the ledger's accountant: the smallest valid bound). Under ``distributed`` with secure
     aggregation, ``unmask_threshold`` is t, the fewest silos whose sum SecAgg+ unmasks (default: its
@@ -165,11 +178,23 @@ def guarantees(placement: NoisePlacement, silos: int, events: Sequence[dpe.DpEve
     check_placement(placement, silos)
     spent = staged_bound(list(events), delta, epsilon_of)
     if placement == "central":
-        return [Guarantee("everyone who sees the released prompt, scores and logs", spent, delta,
-                          "the coordinator is trusted: it sees each silo's un-noised sums")]
+        return [
+            Guarantee(
+                "everyone who sees the released prompt, scores and logs",
+                spent,
+                delta,
+                "the coordinator is trusted: it sees each silo's un-noised sums",
+            )
+        ]
     if placement == "local":
-        return [Guarantee("everyone, the coordinator and the other silos included", spent, delta,
-                          "each silo adds the full noise before anything leaves it")]
+        return [
+            Guarantee(
+                "everyone, the coordinator and the other silos included",
+                spent,
+                delta,
+                "each silo adds the full noise before anything leaves it",
+            )
+        ]
     if secure_aggregation and unmask_threshold is None:
         from dp_textgrad.federated.secure_sum import unmask_threshold as threshold_of
 
@@ -177,25 +202,57 @@ def guarantees(placement: NoisePlacement, silos: int, events: Sequence[dpe.DpEve
     t = noise_shares(silos, unmask_threshold if secure_aggregation else None)
     # What one silo's own noise share gives its records: all that is left against a coordinator that
     # sees each silo's value, or that colludes with the other silos (they subtract their shares).
-    alone = staged_bound([scale_gaussian_noise(e, silo_noise_factor(placement, silos, t)) for e in events], delta,
-                         epsilon_of)
+    alone = staged_bound(
+        [scale_gaussian_noise(e, silo_noise_factor(placement, silos, t)) for e in events], delta, epsilon_of
+    )
     if secure_aggregation:
-        return [Guarantee("everyone, the coordinator included, also when silos drop out",
-                          spent, coupled_delta(spent, delta, coupling_error),
-                          f"secure aggregation (on): the coordinator sees only sums, each of at least t = {t} of "
-                          f"the {silos} silos (fewer cannot be unmasked, so also when silos drop out), and each "
-                          f"silo adds sigma^2 / {t}, so every sum it can see carries the full noise; it follows the "
-                          "protocol and colludes with no silo; delta includes the clipping and rounding of the "
-                          "fixed-point sum"),
-                Guarantee("the coordinator colluding with other silos", alone, delta,
-                          f"each silo's own noise, sigma / sqrt({t}); with c colluders among the at least {t} "
-                          f"silos of a sum, the noise left is at least sigma * sqrt(max(1, {t} - c) / {t})")]
-    return [Guarantee("everyone who sees only the released prompt, scores and logs", spent, delta,
-                      "the released values are the sums of all silos' values, which carry the full noise"),
-            Guarantee("the coordinator, which sees each silo's value", alone, delta,
-                      f"secure aggregation is off: each silo's own noise, sigma / sqrt({silos})")]
+        return [
+            Guarantee(
+                "everyone, the coordinator included, also when silos drop out",
+                spent,
+                coupled_delta(spent, delta, coupling_error),
+                f"secure aggregation (on): the coordinator sees only sums, each of at least t = {t} of "
+                f"the {silos} silos (fewer cannot be unmasked, so also when silos drop out), and each "
+                f"silo adds sigma^2 / {t}, so every sum it can see carries the full noise; it follows the "
+                "protocol and colludes with no silo; delta includes the clipping and rounding of the "
+                "fixed-point sum",
+            ),
+            Guarantee(
+                "the coordinator colluding with other silos",
+                alone,
+                delta,
+                f"each silo's own noise, sigma / sqrt({t}); with c colluders among the at least {t} "
+                f"silos of a sum, the noise left is at least sigma * sqrt(max(1, {t} - c) / {t})",
+            ),
+        ]
+    return [
+        Guarantee(
+            "everyone who sees only the released prompt, scores and logs",
+            spent,
+            delta,
+            "the released values are the sums of all silos' values, which carry the full noise",
+        ),
+        Guarantee(
+            "the coordinator, which sees each silo's value",
+            alone,
+            delta,
+            f"secure aggregation is off: each silo's own noise, sigma / sqrt({silos})",
+        ),
+    ]
 
 
-__all__ = ["Guarantee", "NoisePlacement", "PLACEMENTS", "check_estimators", "check_placement", "coupled_delta",
-           "guarantees", "noise_shares", "scale_gaussian_noise", "staged_bound", "silo_mechanism", "silo_noise_factor",
-           "total_noise_factor"]
+__all__ = [
+    "Guarantee",
+    "NoisePlacement",
+    "PLACEMENTS",
+    "check_estimators",
+    "check_placement",
+    "coupled_delta",
+    "guarantees",
+    "noise_shares",
+    "scale_gaussian_noise",
+    "staged_bound",
+    "silo_mechanism",
+    "silo_noise_factor",
+    "total_noise_factor",
+]

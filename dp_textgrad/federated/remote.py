@@ -19,6 +19,7 @@ class RemoteRecords:
     """``len()`` is public; the records themselves live at the silos."""
 
     __slots__ = ("_size",)
+    _size: int
 
     def __init__(self, size: int) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -16,38 +16,28 @@ directory's ``silo_accounts/``), so neither budget restarts.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dp_textgrad import runs
-from dp_textgrad.dp_es.reports import GenerationReport, SearchResult
+from dp_textgrad.dp_es.reports import GenerationReport
 from dp_textgrad.federated.config import FederatedSettings
 from dp_textgrad.federated.coordinator import FederatedScoring, InProcessSilos
-from dp_textgrad.federated.placement import guarantees, total_noise_factor
+from dp_textgrad.federated.placement import NoisePlacement, guarantees, total_noise_factor
 from dp_textgrad.federated.remote import RemoteRecords
 from dp_textgrad.federated.silo import Silo, SiloState
 from dp_textgrad.federated.split import dirichlet_label_split
 from dp_textgrad.privacy.data import PrivateDataset
 
+if TYPE_CHECKING:
+    from dp_textgrad.workflow import RunOutcome
+
 EngineFactory = Callable[[], Any]
-SETTINGS_NAME = "federation_settings.json"
-ACCOUNTS_DIR = "silo_accounts"
-COUNTS_NAME = "silo_counts.json"  # each silo's public size: declared, or the DP count it released
-COUPLING_NAME = "secure_sum_coupling.json"  # the fixed-point sums' coupling error so far (public numbers)
-
-
-@dataclass
-class FederatedRunOutcome:
-    run_dir: Path
-    result: SearchResult
-    federation: dict[str, Any]
-    seconds: float
 
 
 @dataclass
@@ -58,11 +48,11 @@ class SiloBuilder:
     engine holds only public state: model weights and a cache of public prompt prefixes).
     """
 
-    shell: Any                      # the task without records (public parts only)
+    shell: Any  # the task without records (public parts only)
     names: list[str]
-    records: list[list[Any]]        # each silo's records; in a real deployment, read by the silo itself
+    records: list[list[Any]]  # each silo's records; in a real deployment, read by the silo itself
     engine_factory: EngineFactory
-    placement: str
+    placement: NoisePlacement
     shrink: bool
     max_epsilon: list[float | None]
     delta: float
@@ -70,7 +60,7 @@ class SiloBuilder:
     long_records: str
     insecure_seed: int | None
     sizes: list[int] | None = None
-    accounts: Path | None = None    # where each silo keeps its account file
+    accounts: Path | None = None  # where each silo keeps its account file
     secure_aggregation: bool = False  # distributed: each silo's noise share is calibrated to SecAgg+'s threshold
     _engine: Any = None
 
@@ -79,13 +69,24 @@ class SiloBuilder:
             self._engine = self.engine_factory()
         task = dataclasses.replace(self.shell, private_train=PrivateDataset(self.records[index]))
         seed = None if self.insecure_seed is None else self.insecure_seed * 1009 + index + 1
-        return Silo.build(self.names[index], task, self._engine, self.placement, len(self.records),  # type: ignore[arg-type]
-                          max_record_tokens=self.max_record_tokens, long_records=self.long_records,
-                          insecure_seed=seed, shrink=self.shrink, max_epsilon=self.max_epsilon[index],
-                          delta=self.delta, declared_size=None if self.sizes is None else self.sizes[index],
-                          account_path=None if self.accounts is None else self.accounts / account_file(index,
-                                                                                                        self.names[index]),
-                          secure_aggregation=self.secure_aggregation)
+        return Silo.build(
+            self.names[index],
+            task,
+            self._engine,
+            self.placement,
+            len(self.records),
+            max_record_tokens=self.max_record_tokens,
+            long_records=self.long_records,
+            insecure_seed=seed,
+            shrink=self.shrink,
+            max_epsilon=self.max_epsilon[index],
+            delta=self.delta,
+            declared_size=None if self.sizes is None else self.sizes[index],
+            account_path=None
+            if self.accounts is None
+            else self.accounts / runs.silo_account_name(index, self.names[index]),
+            secure_aggregation=self.secure_aggregation,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -101,56 +102,76 @@ def silo_records(settings: FederatedSettings, task: Any) -> tuple[list[str], lis
 
     federation = settings.federation
     if federation.silos is not None:
-        records = [load_classification_file(s.train, s.text_column, s.label_column, labels=task.labels,
-                                            warn_imbalance=False, encoding=s.encoding) for s in federation.silos]
+        records = [
+            load_classification_file(
+                s.train, s.text_column, s.label_column, labels=task.labels, warn_imbalance=False, encoding=s.encoding
+            )
+            for s in federation.silos
+        ]
         caps = [s.max_epsilon if s.max_epsilon is not None else federation.silo_max_epsilon for s in federation.silos]
         return [s.name for s in federation.silos], records, caps
     pooled = [record.unwrap() for record in task.private_train]
     split = federation.split
-    parts = dirichlet_label_split([r.label for r in pooled], split.silos, split.alpha,
-                                  np.random.default_rng(split.seed))
+    parts = dirichlet_label_split(
+        [r.label for r in pooled], split.silos, split.alpha, np.random.default_rng(split.seed)
+    )
     names = [f"silo-{i + 1:0{len(str(split.silos))}d}" for i in range(split.silos)]
     return names, [[pooled[int(j)] for j in part] for part in parts], [federation.silo_max_epsilon] * split.silos
 
 
-def account_file(index: int, name: str) -> str:
-    """Silo ``index``'s account file name (its public name, made safe for a file system)."""
-    return f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:64]}.json"
-
-
 def saved_settings(run_dir: Path) -> FederatedSettings:
     """The settings a federated run saved when it started (what ``--resume`` continues with)."""
-    path = Path(run_dir) / SETTINGS_NAME
+    path = runs.RunDir(run_dir).federation_settings
     if not path.is_file():
-        raise ValueError(f"resume: no {SETTINGS_NAME} in {run_dir}; is this a federated run directory?")
+        raise ValueError(f"resume: no {path.name} in {run_dir}; is this a federated run directory?")
     return FederatedSettings.model_validate(runs.read_json(path))
 
 
-def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory | None = None,
-                  task: Any = None, progress: Callable[[GenerationReport], None] | None = None,
-                  run_dir: Path | None = None, resume: bool = False) -> FederatedRunOutcome:
+def run_federated(
+    settings: FederatedSettings,
+    *,
+    engine_factory: EngineFactory | None = None,
+    task: Any = None,
+    progress: Callable[[GenerationReport], None] | None = None,
+    run_dir: Path | None = None,
+    resume: bool = False,
+) -> RunOutcome:
     """Run one federated DP-ES optimisation on this machine (or, with ``resume``, continue the one
     in ``run_dir``): silos in process or as a Flower simulation; ``engine_factory`` and ``task``
-    default to the settings'."""
-    import functools
-
-    from dp_textgrad.builders import build_task, make_engine
-
+    default to the settings' (``settings.engine.build``, ``settings.task.build()``). Returns the
+    run's :class:`~dp_textgrad.workflow.RunOutcome`, with ``federation`` set (see
+    :func:`coordinate_federated`)."""
     federation = settings.federation
-    task = task if task is not None else build_task(settings.task)
-    engine_factory = engine_factory or functools.partial(make_engine, settings.engine)
+    task = task if task is not None else settings.task.build()
+    engine_factory = engine_factory or settings.engine.factory()
     names, records, caps = silo_records(settings, task)
-    declared = [s.size for s in federation.silos] if federation.silos is not None else [None] * len(records)
+    declared: list[int | None] = (
+        [s.size for s in federation.silos] if federation.silos is not None else [None] * len(records)
+    )
     if resume and run_dir is None:
         raise ValueError("resume: name the run directory to continue")
     run_dir = Path(run_dir) if run_dir is not None else runs.new_run_dir(settings.output.runs_root, prefix="federated")
-    accounts = Path(federation.silo_accounts) if federation.silo_accounts is not None else run_dir / ACCOUNTS_DIR
+    accounts = (
+        Path(federation.silo_accounts) if federation.silo_accounts is not None else runs.RunDir(run_dir).silo_accounts
+    )
     sizes, config, ledger = public_sizes(settings, names, records, caps, declared, accounts, run_dir, resume)
     resolved = config.resolved()
-    builder = SiloBuilder(public_task(task, sizes), names, records, engine_factory, federation.placement,
-                          federation.jse == "silo", caps, float(resolved.delta), resolved.max_record_tokens,
-                          resolved.long_records, resolved.insecure_noise_seed, sizes, accounts,
-                          secure_aggregation=federation.secure_aggregation)
+    builder = SiloBuilder(
+        public_task(task, sizes),
+        names,
+        records,
+        engine_factory,
+        federation.placement,
+        federation.jse == "silo",
+        caps,
+        float(resolved.delta),
+        resolved.max_record_tokens,
+        resolved.long_records,
+        resolved.insecure_noise_seed,
+        sizes,
+        accounts,
+        secure_aggregation=federation.secure_aggregation,
+    )
 
     def transport(coordinate: Callable[[Any], Any]) -> Any:
         if federation.transport == "in_process":
@@ -159,8 +180,19 @@ def run_federated(settings: FederatedSettings, *, engine_factory: EngineFactory 
 
         return run_flower_simulation(builder, len(sizes), coordinate, cpus_per_silo=federation.cpus_per_silo)
 
-    return coordinate_federated(settings, names, sizes, transport, engine_factory=engine_factory, task=task,
-                                progress=progress, run_dir=run_dir, resume=resume, config=config, ledger=ledger)
+    return coordinate_federated(
+        settings,
+        names,
+        sizes,
+        transport,
+        engine_factory=engine_factory,
+        task=task,
+        progress=progress,
+        run_dir=run_dir,
+        resume=resume,
+        config=config,
+        ledger=ledger,
+    )
 
 
 def resolved_config(settings: FederatedSettings, sizes: list[int]) -> Any:
@@ -169,9 +201,16 @@ def resolved_config(settings: FederatedSettings, sizes: list[int]) -> Any:
     return settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved()
 
 
-def public_sizes(settings: FederatedSettings, names: list[str], records: list[list[Any]],
-                 caps: list[float | None], declared: list[int | None], accounts: Path, run_dir: Path,
-                 resume: bool) -> tuple[list[int], Any, Any]:
+def public_sizes(
+    settings: FederatedSettings,
+    names: list[str],
+    records: list[list[Any]],
+    caps: list[float | None],
+    declared: list[int | None],
+    accounts: Path,
+    run_dir: Path,
+    resume: bool,
+) -> tuple[list[int], Any, Any]:
     """Each silo's public size, the run's DP-ES settings, and the coordinator's ledger of the counts.
 
     - N declared (``dp.dataset_size``): a silo without a declared size is given an equal share
@@ -198,11 +237,13 @@ def public_sizes(settings: FederatedSettings, names: list[str], records: list[li
     if all(d is not None for d in declared):
         total = sum(int(d) for d in declared if d is not None)
         return [int(d) for d in declared if d is not None], dp.model_copy(update={"dataset_size": total}), None
-    counts_path = run_dir / COUNTS_NAME
+    counts_path = runs.RunDir(run_dir).silo_counts
     if resume:
         if not counts_path.is_file():
-            raise ValueError(f"resume: no {COUNTS_NAME} in {run_dir}: the silos' counts were not released, so there "
-                             "is nothing to continue; start a new run")
+            raise ValueError(
+                f"resume: no {counts_path.name} in {run_dir}: the silos' counts were not released, so "
+                "there is nothing to continue; start a new run"
+            )
         sizes = [int(n) for n in runs.read_json(counts_path)["silo_sizes"]]
         return sizes, dp.model_copy(update={"counted_dataset_size": sum(sizes)}), None
     from dp_textgrad.dp_es.config import DEFAULT_DELTA
@@ -217,8 +258,11 @@ def public_sizes(settings: FederatedSettings, names: list[str], records: list[li
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger.persist_to(runs.RunDir(run_dir).ledger)
     ledger.declare_noise(NoiseSource(insecure_seed=dp.insecure_noise_seed).sampler)
-    ledger.spend(mechanism.event(), SIZE_COUNT_LABEL + " (each silo counts its own records)",
-                 {**mechanism.metadata(), "silos": sum(d is None for d in declared)})
+    ledger.spend(
+        mechanism.event(),
+        SIZE_COUNT_LABEL + " (each silo counts its own records)",
+        {**mechanism.metadata(), "silos": sum(d is None for d in declared)},
+    )
     ledger.complete_stage()
     sizes = []
     for index, (name, part, cap, size) in enumerate(zip(names, records, caps, declared)):
@@ -227,12 +271,22 @@ def public_sizes(settings: FederatedSettings, names: list[str], records: list[li
             continue
         # The silo's own noise (a seed apart from its scoring noise) and account; it charges, then counts.
         seed = None if dp.insecure_noise_seed is None else dp.insecure_noise_seed * 1013 + 7 * index + 5
-        silo = Silo(name, _RecordsOnly(PrivateDataset(part)), None, settings.federation.placement, len(records),
-                    NoiseSource(seed), max_epsilon=cap, delta=delta, account_path=accounts / account_file(index, name),
-                    size_epsilon=mechanism.epsilon)
+        silo = Silo(
+            name,
+            _RecordsOnly(PrivateDataset(part)),
+            None,
+            settings.federation.placement,
+            len(records),
+            NoiseSource(seed),
+            max_epsilon=cap,
+            delta=delta,
+            account_path=accounts / runs.silo_account_name(index, name),
+            size_epsilon=mechanism.epsilon,
+        )
         sizes.append(int(silo.handle({"kind": "size_count"}, SiloState())["size"]))
-    runs.write_json(counts_path, {"silo_sizes": sizes, "counted": [d is None for d in declared],
-                                  "size_epsilon": mechanism.epsilon})
+    runs.write_json(
+        counts_path, {"silo_sizes": sizes, "counted": [d is None for d in declared], "size_epsilon": mechanism.epsilon}
+    )
     return sizes, dp.model_copy(update={"counted_dataset_size": sum(sizes)}), ledger
 
 
@@ -248,12 +302,26 @@ def public_task(task: Any, sizes: list[int]) -> Any:
     return dataclasses.replace(task, private_train=RemoteRecords(sum(sizes)))
 
 
-def coordinate_federated(settings: FederatedSettings, names: list[str], sizes: list[int],
-                         transport: Callable[[Callable[[Any], Any]], Any], *, engine_factory: EngineFactory,
-                         task: Any, run_dir: Path, progress: Callable[[GenerationReport], None] | None = None,
-                         resume: bool = False, config: Any = None, ledger: Any = None) -> FederatedRunOutcome:
+def coordinate_federated(
+    settings: FederatedSettings,
+    names: list[str],
+    sizes: list[int],
+    transport: Callable[[Callable[[Any], Any]], Any],
+    *,
+    engine_factory: EngineFactory,
+    task: Any,
+    run_dir: Path,
+    progress: Callable[[GenerationReport], None] | None = None,
+    resume: bool = False,
+    config: Any = None,
+    ledger: Any = None,
+) -> RunOutcome:
     """The coordinator's side of a run: the DP-ES loop over ``transport`` (which calls ``coordinate``
-    with a silo transport), then ``federation.json``. It holds the silos' names and public sizes only."""
+    with a silo transport), then ``federation.json``. It holds the silos' names and public sizes only.
+
+    Returns the coordinator's :class:`~dp_textgrad.workflow.RunOutcome` (its ``evaluation`` on the
+    public test split, its optimizer without records) with ``federation``: the record written to
+    ``federation.json``; ``seconds`` is the whole run's wall time (operator-only)."""
     from dp_textgrad import workflow
     from dp_textgrad.lifetime_link import LifetimeOptions
 
@@ -262,51 +330,84 @@ def coordinate_federated(settings: FederatedSettings, names: list[str], sizes: l
     shell = public_task(task, sizes)
     config = config if config is not None else resolved_config(settings, sizes)
     if not resume:
-        runs.write_json(run_dir / SETTINGS_NAME, settings.model_dump(mode="json"))
+        runs.write_json(runs.RunDir(run_dir).federation_settings, settings.model_dump(mode="json"))
     engine = engine_factory()
     backends: list[FederatedScoring] = []
 
     def coordinate(silos: Any) -> Any:
-        backend = FederatedScoring(silos, sizes, federation.placement, federation.jse, federation.control_variate,
-                                   federation.secure_aggregation, coupling_path=run_dir / COUPLING_NAME,
-                                   num_labels=len(task.labels))
+        backend = FederatedScoring(
+            silos,
+            sizes,
+            federation.placement,
+            federation.jse,
+            federation.control_variate,
+            federation.secure_aggregation,
+            coupling_path=runs.RunDir(run_dir).secure_sum_coupling,
+            num_labels=len(task.labels),
+        )
         backends.append(backend)
         # The lifetime store keys a dataset by its records, which the coordinator never holds: each
         # silo keeps its own account instead (max_epsilon, silo_accounts; docs/federated.md).
-        return workflow.run(shell, engine, config, run_dir=run_dir, evaluate=settings.output.evaluate,
-                            on_generation=progress, task_name=f"federated:{settings.task.name or 'custom'}",
-                            engine_name=settings.engine.kind, lifetime=LifetimeOptions(enabled=False),
-                            scoring=lambda *_: backend, resume=resume, ledger=ledger)
+        return workflow.run(
+            shell,
+            engine,
+            config,
+            run_dir=run_dir,
+            evaluate=settings.output.evaluate,
+            on_generation=progress,
+            task_name=f"federated:{settings.task.name or 'custom'}",
+            engine_name=settings.engine.kind,
+            lifetime=LifetimeOptions(enabled=False),
+            scoring=lambda *_: backend,
+            resume=resume,
+            ledger=ledger,
+        )
 
     outcome = transport(coordinate)
     threshold = backends[-1].unmask_threshold if backends else None
     coupling = backends[-1].coupling_error if backends else 0.0
-    promised = guarantees(federation.placement, len(sizes), outcome.optimizer.ledger.events,
-                          float(outcome.optimizer.ledger.delta),
-                          _smallest_bound, federation.secure_aggregation, unmask_threshold=threshold,
-                          coupling_error=coupling)
+    promised = guarantees(
+        federation.placement,
+        len(sizes),
+        outcome.optimizer.ledger.events,
+        float(outcome.optimizer.ledger.delta),
+        _smallest_bound,
+        federation.secure_aggregation,
+        unmask_threshold=threshold,
+        coupling_error=coupling,
+    )
     seconds = time.perf_counter() - started
     federation_record = {
-        "placement": federation.placement, "silos": len(sizes), "silo_names": names, "silo_sizes": sizes,
-        "jse": federation.jse, "control_variate": federation.control_variate,
+        "placement": federation.placement,
+        "silos": len(sizes),
+        "silo_names": names,
+        "silo_sizes": sizes,
+        "jse": federation.jse,
+        "control_variate": federation.control_variate,
         "secure_aggregation": federation.secure_aggregation,
         "total_noise_factor": total_noise_factor(federation.placement, len(sizes), threshold),
-        "unmask_threshold": threshold, "coupling_error": coupling, "size_source": size_source(settings, run_dir),
-        "guarantees": [g.to_dict() for g in promised], "transport": federation.transport,
+        "unmask_threshold": threshold,
+        "coupling_error": coupling,
+        "size_source": size_source(settings, run_dir),
+        "guarantees": [g.to_dict() for g in promised],
+        "transport": federation.transport,
         "evaluation": dataclasses.asdict(outcome.evaluation) if outcome.evaluation is not None else None,
         "seconds": seconds,
     }
-    runs.write_released_json(run_dir, "federation.json", "federation", federation_record)
-    return FederatedRunOutcome(run_dir, outcome.result, federation_record, seconds)
+    runs.write_released_json(run_dir, runs.FEDERATION_NAME, "federation", federation_record)
+    return dataclasses.replace(outcome, seconds=seconds, federation=federation_record)
 
 
 def size_source(settings: FederatedSettings, run_dir: Path) -> str:
     """Where a run's silo sizes come from (:func:`public_sizes`): dp_count, declared or equal_shares."""
-    if (Path(run_dir) / COUNTS_NAME).is_file():
+    if runs.RunDir(run_dir).silo_counts.is_file():
         return "dp_count"
     silos = settings.federation.silos
-    if settings.dp.privacy == "dp" and settings.dp.dataset_size is not None and \
-            (silos is None or any(s.size is None for s in silos)):
+    if (
+        settings.dp.privacy == "dp"
+        and settings.dp.dataset_size is not None
+        and (silos is None or any(s.size is None for s in silos))
+    ):
         return "equal_shares"
     return "declared" if settings.dp.privacy == "dp" else "record_counts (privacy off)"
 
@@ -317,5 +418,12 @@ def _smallest_bound(events: list[Any], delta: float) -> float:
     return smallest_bound(events, delta)
 
 
-__all__ = ["FederatedRunOutcome", "SiloBuilder", "account_file", "coordinate_federated", "public_task", "resolved_config",
-           "run_federated", "saved_settings", "silo_records"]
+__all__ = [
+    "SiloBuilder",
+    "coordinate_federated",
+    "public_task",
+    "resolved_config",
+    "run_federated",
+    "saved_settings",
+    "silo_records",
+]

@@ -83,7 +83,7 @@ def coupling_error(entries: int, silos: int, silo_std: float, bound: float) -> f
     if scaled < 1.0:
         return 1.0  # no useful bound: the grid is as coarse as the noise
     clip = silos * math.erfc(CLIP_SIGMAS / math.sqrt(2.0))
-    aliasing = 2.0 * sum(math.exp(-2.0 * math.pi ** 2 * scaled ** 2 * (j - 0.5) ** 2) for j in range(1, 6))
+    aliasing = 2.0 * sum(math.exp(-2.0 * math.pi**2 * scaled**2 * (j - 0.5) ** 2) for j in range(1, 6))
     pointwise = math.expm1(silos * math.log1p(aliasing))
     window = silos + 40.0 * scaled * math.sqrt(silos)
     rounding = 0.5 * (2.0 * window + 1.0) * pointwise + math.erfc(40.0 / math.sqrt(2.0))
@@ -95,15 +95,21 @@ def check_secure_aggregation(enabled: bool, placement: str, silos: int, jse: str
     if not enabled:
         return
     if placement != "distributed":
-        raise ValueError("secure_aggregation: only placement 'distributed' needs it (under 'local' each silo's "
-                         "value already carries the full noise; under 'central' the coordinator adds the noise "
-                         f"to raw sums); got placement {placement!r}")
+        raise ValueError(
+            "secure_aggregation: only placement 'distributed' needs it (under 'local' each silo's "
+            "value already carries the full noise; under 'central' the coordinator adds the noise "
+            f"to raw sums); got placement {placement!r}"
+        )
     if jse != "none" or control_variate:
-        raise ValueError("secure_aggregation: the coordinator sees only the sum, and a silo's own shrinkage would "
-                         "release more than the sum; use jse 'none' and control_variate false")
+        raise ValueError(
+            "secure_aggregation: the coordinator sees only the sum, and a silo's own shrinkage would "
+            "release more than the sum; use jse 'none' and control_variate false"
+        )
     if not 2 <= silos <= MAX_SILOS:
-        raise ValueError(f"secure_aggregation: Flower's SecAgg+ needs 2 to {MAX_SILOS} silos (it sums 22-bit "
-                         f"values modulo 2^32); got {silos}")
+        raise ValueError(
+            f"secure_aggregation: Flower's SecAgg+ needs 2 to {MAX_SILOS} silos (it sums 22-bit "
+            f"values modulo 2^32); got {silos}"
+        )
 
 
 def value_bound(silo_sizes: Sequence[int], clip_bound: float, noise_std: float) -> float:
@@ -118,8 +124,7 @@ def clip_before_noise(values: np.ndarray, bound: float, noise_std: float) -> np.
     entry-wise 1-Lipschitz map, so the sum's sensitivity (and the charged event) is unchanged."""
     room = float(bound) - CLIP_SIGMAS * float(noise_std)
     if not math.isfinite(room) or room <= 0:
-        raise ValueError(f"value_bound: {bound:g} leaves no room above {CLIP_SIGMAS:g} noise stds "
-                         f"({noise_std:g} each)")
+        raise ValueError(f"value_bound: {bound:g} leaves no room above {CLIP_SIGMAS:g} noise stds ({noise_std:g} each)")
     return np.clip(np.asarray(values, dtype=float), -room, room)
 
 
@@ -165,8 +170,14 @@ def _strategy(request: dict[str, Any], node_ids: Sequence[int]) -> Any:
     return SecureSumStrategy()
 
 
-def flower_secure_sum(grid: Any, node_ids: Sequence[int], request: dict[str, Any], bound: float,
-                      round_number: int, timeout: float | None = None) -> np.ndarray:
+def flower_secure_sum(
+    grid: Any,
+    node_ids: Sequence[int],
+    request: dict[str, Any],
+    bound: float,
+    round_number: int,
+    timeout: float | None = None,
+) -> np.ndarray:
     """Run one SecAgg+ round over ``node_ids``; return the sum of the silos' replies (one array)."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
     from flwr.server.compat.legacy_context import LegacyContext
@@ -176,22 +187,43 @@ def flower_secure_sum(grid: Any, node_ids: Sequence[int], request: dict[str, Any
 
     silos = len(node_ids)
     strategy = _strategy(request, node_ids)
-    state = RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: int(round_number)}),
-                        MAIN_PARAMS_RECORD: ArrayRecord()})
-    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}),
-                            strategy=strategy)
+    state = RecordDict(
+        {
+            MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: int(round_number)}),
+            MAIN_PARAMS_RECORD: ArrayRecord(),
+        }
+    )
+    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=state, run_config={}), strategy=strategy)
     # Every silo holds a share of every other's keys; max_weight 1 with weight 1 per silo makes the
     # unmasked result the plain mean of the clipped, quantized values. The threshold is passed as
     # the integer t each silo's noise share is calibrated to (Flower would round a fraction itself).
-    workflow = SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=unmask_threshold(silos), max_weight=1.0,
-                                  clipping_range=float(bound), quantization_range=QUANTIZATION_LEVELS,
-                                  modulus_range=MODULUS, timeout=timeout)
+    workflow = SecAggPlusWorkflow(
+        num_shares=1.0,
+        reconstruction_threshold=unmask_threshold(silos),
+        max_weight=1.0,
+        clipping_range=float(bound),
+        quantization_range=QUANTIZATION_LEVELS,
+        modulus_range=MODULUS,
+        timeout=timeout,
+    )
     workflow(grid, context)
     if strategy.mean is None or strategy.contributors != silos:
-        raise RuntimeError(f"secure aggregation: {strategy.contributors} of {silos} silos contributed; a partial "
-                           "sum carries less noise than the run charged, so it is not used")
+        raise RuntimeError(
+            f"secure aggregation: {strategy.contributors} of {silos} silos contributed; a partial "
+            "sum carries less noise than the run charged, so it is not used"
+        )
     return np.asarray(strategy.mean[0], dtype=float) * silos
 
 
-__all__ = ["CLIP_SIGMAS", "MAX_COUPLING_ERROR", "MAX_SILOS", "check_secure_aggregation", "clip_before_noise",
-           "coupling_error", "flower_secure_sum", "grid_step", "unmask_threshold", "value_bound"]
+__all__ = [
+    "CLIP_SIGMAS",
+    "MAX_COUPLING_ERROR",
+    "MAX_SILOS",
+    "check_secure_aggregation",
+    "clip_before_noise",
+    "coupling_error",
+    "flower_secure_sum",
+    "grid_step",
+    "unmask_threshold",
+    "value_bound",
+]

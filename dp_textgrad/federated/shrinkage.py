@@ -46,7 +46,9 @@ def pooled(estimates: np.ndarray, weights: Sequence[float]) -> np.ndarray:
     return (w[:, None] * np.asarray(estimates, dtype=float)).sum(axis=0) / w.sum()
 
 
-def shrink_toward_pooled(estimates: np.ndarray, noise_stds: Sequence[float], weights: Sequence[float]) -> np.ndarray:
+def shrink_toward_pooled(
+    estimates: np.ndarray, noise_stds: Sequence[float] | np.ndarray, weights: Sequence[float]
+) -> np.ndarray:
     """Each silo's noisy estimate vector (row) shrunk toward the pooled one (coordinator JSE)."""
     estimates = np.asarray(estimates, dtype=float)
     centre = pooled(estimates, weights)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from dp_textgrad import runs
 from dp_textgrad._io import atomic_write_json
 from dp_textgrad.dp_es.preflight import length_tools
 from dp_textgrad.dp_es.scoring_backends import batch_totals
@@ -89,12 +90,16 @@ class Silo:
     def __post_init__(self) -> None:
         check_placement(self.placement, self.silos)
         if self.shrink and self.placement == "central":
-            raise ValueError("jse: 'silo' shrinkage runs on noised values; under placement 'central' the "
-                             "silos add no noise (use jse='coordinator' or 'none')")
+            raise ValueError(
+                "jse: 'silo' shrinkage runs on noised values; under placement 'central' the "
+                "silos add no noise (use jse='coordinator' or 'none')"
+            )
         if self.shrink and self.placement == "distributed":
-            raise ValueError("jse: 'silo' shrinkage under placement 'distributed' would release a function of "
-                             "this silo's value, which carries only a share of the noise; use jse 'none', or "
-                             "placement 'local'")
+            raise ValueError(
+                "jse: 'silo' shrinkage under placement 'distributed' would release a function of "
+                "this silo's value, which carries only a share of the noise; use jse 'none', or "
+                "placement 'local'"
+            )
 
     @property
     def unmask_threshold(self) -> int | None:
@@ -102,9 +107,19 @@ class Silo:
         return threshold_of(self.silos) if self.secure_aggregation and self.placement == "distributed" else None
 
     @classmethod
-    def build(cls, name: str, task: Any, engine: Any, placement: NoisePlacement, silos: int, *,
-              max_record_tokens: int, long_records: str = "truncate", insecure_seed: int | None = None,
-              **options: Any) -> "Silo":
+    def build(
+        cls,
+        name: str,
+        task: Any,
+        engine: Any,
+        placement: NoisePlacement,
+        silos: int,
+        *,
+        max_record_tokens: int,
+        long_records: str = "truncate",
+        insecure_seed: int | None = None,
+        **options: Any,
+    ) -> Silo:
         """A silo whose records are cut to the public ``max_record_tokens`` cap (as the single machine does)."""
         bounded = task.with_bounded_records(*length_tools(engine), max_record_tokens, long_records)
         return cls(name, bounded, engine, placement, silos, NoiseSource(insecure_seed), **options)
@@ -124,8 +139,9 @@ class Silo:
             return self._size_count(state)
         if kind == "totals":
             if self.placement != "central":
-                raise SiloRefused(f"placement: this silo adds its own noise ('{self.placement}') and never "
-                                  "sends un-noised totals")
+                raise SiloRefused(
+                    f"placement: this silo adds its own noise ('{self.placement}') and never sends un-noised totals"
+                )
             totals = self._totals(request, bool(request["with_confusion"]))
             return {"sums": totals.sums, "confusion": totals.confusion}
         if self.placement == "central":
@@ -154,12 +170,15 @@ class Silo:
         with self._account_lock():
             account = self._account(state)
             if self.max_epsilon is not None and not self._within(
-                    [event_from_dict(e) for e in account["events"]] + [mechanism.event()]):
-                raise SiloRefused(f"max_epsilon: counting would take silo {self.name!r} past its own budget "
-                                  f"of {self.max_epsilon:g}")
+                [event_from_dict(e) for e in account["events"]] + [mechanism.event()]
+            ):
+                raise SiloRefused(
+                    f"max_epsilon: counting would take silo {self.name!r} past its own budget of {self.max_epsilon:g}"
+                )
             state.events = account["events"] + [event_to_dict(mechanism.event())]
-            state.releases = account["releases"] + [{"kind": "size_count", "event": len(state.events) - 1,
-                                                      "noise_scale": mechanism.noise_scale}]
+            state.releases = account["releases"] + [
+                {"kind": "size_count", "event": len(state.events) - 1, "noise_scale": mechanism.noise_scale}
+            ]
             self._write_account(state)  # the charge first
         return {"size": mechanism.release(len(self.task.private_train), self.noise)}
 
@@ -172,8 +191,9 @@ class Silo:
 
     def _write_account(self, state: SiloState) -> None:
         if self.account_path is not None:
-            atomic_write_json(self.account_path, {"silo": self.name, "events": state.events,
-                                                  "releases": state.releases})
+            atomic_write_json(
+                self.account_path, {"silo": self.name, "events": state.events, "releases": state.releases}
+            )
 
     def _account_lock(self) -> Any:
         if self.account_path is None:
@@ -181,17 +201,20 @@ class Silo:
         from filelock import FileLock
 
         Path(self.account_path).parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(f"{self.account_path}.lock")
+        return FileLock(runs.silo_account_lock(self.account_path))
 
     # -- internals ------------------------------------------------------------------
     def _totals(self, request: Mapping[str, Any], with_confusion: bool) -> Any:
-        batch = self.task.private_train.poisson_subsample(float(request["sampling_rate"]),
-                                                          self.noise.sampling_generator)
-        return batch_totals(self.task, self.engine, list(request["prompts"]), batch,
-                            float(request["clip_bound"]), with_confusion)
+        batch = self.task.private_train.poisson_subsample(
+            float(request["sampling_rate"]), self.noise.sampling_generator
+        )
+        return batch_totals(
+            self.task, self.engine, list(request["prompts"]), batch, float(request["clip_bound"]), with_confusion
+        )
 
-    def _noised_sums(self, request: Mapping[str, Any], mechanism: GaussianScoreMechanism,
-                     state: SiloState) -> dict[str, Any]:
+    def _noised_sums(
+        self, request: Mapping[str, Any], mechanism: GaussianScoreMechanism, state: SiloState
+    ) -> dict[str, Any]:
         event = mechanism.event(float(request["sampling_rate"]))
         bound = request.get("value_bound")
         if bound is not None:  # a secure sum: the un-noised values are clipped below it (checked first)
@@ -202,13 +225,16 @@ class Silo:
             if self.max_epsilon is not None:
                 planned = [event_from_dict(e) for e in account["events"]] + [event]
                 if not self._within(planned):
-                    raise SiloRefused(f"max_epsilon: answering would take silo {self.name!r} past its own budget "
-                                      f"of {self.max_epsilon:g} at delta {self.delta:g}")
+                    raise SiloRefused(
+                        f"max_epsilon: answering would take silo {self.name!r} past its own budget "
+                        f"of {self.max_epsilon:g} at delta {self.delta:g}"
+                    )
             # Recorded before the records are read, as the ledger does; the confusion counts of this
             # subsample are part of the same event (the effective noise multiplier of both).
             state.events = account["events"] + [event_to_dict(event)]
-            state.releases = account["releases"] + [{"kind": "noised_sums", "event": len(state.events) - 1,
-                                                      "noise_std": mechanism.noise_std}]
+            state.releases = account["releases"] + [
+                {"kind": "noised_sums", "event": len(state.events) - 1, "noise_std": mechanism.noise_std}
+            ]
             self._write_account(state)
         keep = bool(request["keep_confusion"]) and mechanism.releases_feedback
         totals = self._totals(request, keep)
@@ -234,8 +260,10 @@ class Silo:
         """The held counts at the feedback noise this silo charged with the sums; the request's
         multipliers are ignored (a coordinator cannot ask for less noise)."""
         if state.confusion is None:
-            raise SiloRefused("noised_confusion: no confusion counts held; ask noised_sums with keep_confusion "
-                              "and a feedback noise multiplier first (the feedback is charged with the sums)")
+            raise SiloRefused(
+                "noised_confusion: no confusion counts held; ask noised_sums with keep_confusion "
+                "and a feedback noise multiplier first (the feedback is charged with the sums)"
+            )
         held, multiplier = state.confusion, state.feedback_noise_multiplier
         state.confusion, state.feedback_noise_multiplier = None, None  # released once, then dropped
         if multiplier is None:
@@ -243,25 +271,34 @@ class Silo:
         indices = [int(i) for i in request["indices"]]
         if not indices or len(set(indices)) != len(indices) or not all(0 <= i < len(held) for i in indices):
             raise SiloRefused(f"indices: name distinct candidates among the {len(held)} scored")
-        mechanism = GaussianScoreMechanism(noise_multiplier=1.0, clip_bound=1.0, num_candidates=len(held),
-                                           feedback_noise_multiplier=multiplier)
+        mechanism = GaussianScoreMechanism(
+            noise_multiplier=1.0, clip_bound=1.0, num_candidates=len(held), feedback_noise_multiplier=multiplier
+        )
         counts = held[indices]
         bound = request.get("value_bound")
         std = mechanism.confusion_noise_std(len(indices))
         if bound is not None:
             counts = clip_before_noise(counts, float(bound), std)
-        self._record_release(state, {"kind": "noised_confusion", "event": len(self._account(state)["events"]) - 1,
-                                     "noise_std": std, "matrices": len(indices)})
+        self._record_release(
+            state,
+            {
+                "kind": "noised_confusion",
+                "event": len(self._account(state)["events"]) - 1,
+                "noise_std": std,
+                "matrices": len(indices),
+            },
+        )
         return {"confusion": mechanism.release_confusion(counts, self.noise), "noise_std": std}
 
 
 def _mechanism(request: Mapping[str, Any]) -> GaussianScoreMechanism:
     feedback = request.get("feedback_noise_multiplier")
-    return GaussianScoreMechanism(noise_multiplier=float(request["noise_multiplier"]),
-                                  clip_bound=float(request["clip_bound"]),
-                                  num_candidates=len(request["prompts"]) if "prompts" in request
-                                  else int(request["num_candidates"]),
-                                  feedback_noise_multiplier=None if feedback is None else float(feedback))
+    return GaussianScoreMechanism(
+        noise_multiplier=float(request["noise_multiplier"]),
+        clip_bound=float(request["clip_bound"]),
+        num_candidates=len(request["prompts"]) if "prompts" in request else int(request["num_candidates"]),
+        feedback_noise_multiplier=None if feedback is None else float(feedback),
+    )
 
 
 __all__ = ["REQUEST_KINDS", "Silo", "SiloRefused", "SiloState"]

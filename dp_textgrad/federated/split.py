@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 
-def dirichlet_label_split(labels: Sequence[Any], silos: int, alpha: float, rng: np.random.Generator,
-                          min_records: int = 1) -> list[np.ndarray]:
+def dirichlet_label_split(
+    labels: Sequence[Any], silos: int, alpha: float, rng: np.random.Generator, min_records: int = 1
+) -> list[np.ndarray]:
     """Indices of each silo's records; every record goes to exactly one silo, and every silo
     gets at least ``min_records`` (topped up from the largest silo when the draw left it short).
     """
@@ -26,8 +27,10 @@ def dirichlet_label_split(labels: Sequence[Any], silos: int, alpha: float, rng: 
         raise ValueError(f"alpha: the Dirichlet concentration must be > 0, got {alpha}")
     labels = list(labels)
     if len(labels) < silos * min_records:
-        raise ValueError(f"silos: {silos} silos of at least {min_records} records need {silos * min_records} "
-                         f"records, got {len(labels)}")
+        raise ValueError(
+            f"silos: {silos} silos of at least {min_records} records need {silos * min_records} "
+            f"records, got {len(labels)}"
+        )
     by_label: dict[Any, list[int]] = {}
     for index, label in enumerate(labels):
         by_label.setdefault(label, []).append(index)
@@ -51,11 +54,11 @@ def dirichlet_label_split(labels: Sequence[Any], silos: int, alpha: float, rng: 
 
 def label_mix(labels: Sequence[Any], parts: Sequence[np.ndarray], classes: Sequence[Any]) -> np.ndarray:
     """Share of each class in each silo, shape (S, L): how non-IID a split is."""
-    labels = np.asarray(list(labels), dtype=object)
+    values = np.asarray(list(labels), dtype=object)
     mix = np.zeros((len(parts), len(classes)))
     for s, part in enumerate(parts):
         for c, name in enumerate(classes):
-            mix[s, c] = np.mean(labels[part] == name) if len(part) else 0.0
+            mix[s, c] = np.mean(values[part] == name) if len(part) else 0.0
     return mix
 
 

@@ -43,13 +43,18 @@ class LaplaceCountMechanism:
         return dp_accounting.LaplaceDpEvent(self.noise_scale)
 
     def metadata(self) -> dict[str, Any]:
-        return {"mechanism": self.name, "epsilon": self.epsilon, "noise_scale": self.noise_scale,
-                "sensitivity": self.sensitivity}
+        return {
+            "mechanism": self.name,
+            "epsilon": self.epsilon,
+            "noise_scale": self.noise_scale,
+            "sensitivity": self.sensitivity,
+        }
 
     def release(self, count: int, noise: NoiseSource) -> int:
         """The noisy count, an int >= 1 (charge ``event()`` before calling this)."""
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
             raise ValueError(f"count: must be an int >= 0, got {count!r}")
         return max(1, noise.add_discrete_laplace(int(count), self.noise_scale))
+
 
 __all__ = ["LaplaceCountMechanism"]

@@ -19,7 +19,7 @@ import hmac
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import numpy as np
 
@@ -39,8 +39,10 @@ class PrivateScoringError(RuntimeError):
     """
 
     def __init__(self, label: str, original: BaseException) -> None:
-        super().__init__(f"{label}: scoring the private records failed (engine or task error); the charge for "
-                         "this step stays in the ledger")
+        super().__init__(
+            f"{label}: scoring the private records failed (engine or task error); the charge for "
+            "this step stays in the ledger"
+        )
         self.label = label
         self.operator_detail = f"{type(original).__name__}: {original}"
 
@@ -49,6 +51,7 @@ class Private(Generic[T]):
     """A private value. It refuses every implicit conversion to text."""
 
     __slots__ = ("_value",)
+    _value: T
 
     def __init__(self, value: T) -> None:
         object.__setattr__(self, "_value", value)
@@ -69,7 +72,7 @@ class Private(Generic[T]):
     def __format__(self, spec: str) -> str:
         raise PrivateDataError("a private record cannot be formatted into text; only DP mechanisms may read it")
 
-    def __reduce__(self):  # pickling would write raw records to disk
+    def __reduce__(self) -> NoReturn:  # pickling would write raw records to disk
         raise PrivateDataError("private records cannot be pickled or checkpointed")
 
 
@@ -77,6 +80,7 @@ class PrivateDataset(Generic[T]):
     """The private training set D. Its size N is private unless declared (docs/privacy.md, "The dataset size")."""
 
     __slots__ = ("_records",)
+    _records: list[Private[T]]
 
     def __init__(self, records: Sequence[T]) -> None:
         records = list(records)
@@ -105,7 +109,7 @@ class PrivateDataset(Generic[T]):
     def __format__(self, spec: str) -> str:
         raise PrivateDataError("a private dataset cannot be formatted into text")
 
-    def __reduce__(self):
+    def __reduce__(self) -> NoReturn:
         raise PrivateDataError("private datasets cannot be pickled or checkpointed")
 
     def fingerprint(self, key: bytes) -> str:
@@ -119,7 +123,7 @@ class PrivateDataset(Generic[T]):
             mac.update(digest)
         return mac.hexdigest()
 
-    def poisson_subsample(self, q: float, rng: np.random.Generator) -> "PrivateBatch[T]":
+    def poisson_subsample(self, q: float, rng: np.random.Generator) -> PrivateBatch[T]:
         """Include each record independently with probability ``q``."""
         if not 0.0 < q <= 1.0:
             raise ValueError(f"sampling_rate: q must be in (0, 1], got {q}")
@@ -168,7 +172,7 @@ class PublicText(str):
     SOURCES = frozenset({"user", "candidate", "dp", "phrase_bank", "public_example", "llm", "unsafe"})
     source: str
 
-    def __new__(cls, text: str, source: str) -> "PublicText":
+    def __new__(cls, text: str, source: str) -> PublicText:
         if isinstance(text, (Private, PrivateDataset, PrivateBatch)):
             raise PrivateDataError("private data cannot be declared public")
         if source not in cls.SOURCES:
@@ -177,5 +181,5 @@ class PublicText(str):
         obj.source = source
         return obj
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (PublicText, (str(self), self.source))

@@ -29,7 +29,7 @@ also have ``.sample(utilities, noise, runs)`` for audits and tests.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +76,9 @@ def confusion_counts(gold: np.ndarray, predicted: np.ndarray, num_labels: int) -
     predicted = np.asarray(predicted, dtype=int).reshape(-1)
     if gold.shape != predicted.shape:
         raise ValueError("predicted: must have one entry per record, like gold")
-    if gold.size and (gold.min() < 0 or predicted.min() < 0 or gold.max() >= num_labels
-                      or predicted.max() >= num_labels):
+    if gold.size and (
+        gold.min() < 0 or predicted.min() < 0 or gold.max() >= num_labels or predicted.max() >= num_labels
+    ):
         raise ValueError(f"gold/predicted: label indices must be in [0, {num_labels})")
     counts = np.zeros((num_labels, num_labels), dtype=float)
     np.add.at(counts, (gold, predicted), 1.0)
@@ -115,12 +116,18 @@ class GaussianScoreMechanism:
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise_multiplier", positive_finite(self.noise_multiplier, "noise_multiplier"))
         object.__setattr__(self, "clip_bound", positive_finite(self.clip_bound, "clip_bound"))
-        if isinstance(self.num_candidates, bool) or not isinstance(self.num_candidates, (int, np.integer)) \
-                or self.num_candidates < 1:
+        if (
+            isinstance(self.num_candidates, bool)
+            or not isinstance(self.num_candidates, (int, np.integer))
+            or self.num_candidates < 1
+        ):
             raise ValueError(f"num_candidates: must be an int >= 1, got {self.num_candidates!r}")
         if self.feedback_noise_multiplier is not None:
-            object.__setattr__(self, "feedback_noise_multiplier",
-                               positive_finite(self.feedback_noise_multiplier, "feedback_noise_multiplier"))
+            object.__setattr__(
+                self,
+                "feedback_noise_multiplier",
+                positive_finite(self.feedback_noise_multiplier, "feedback_noise_multiplier"),
+            )
 
     @property
     def l2_sensitivity(self) -> float:
@@ -144,17 +151,22 @@ class GaussianScoreMechanism:
         return dp_accounting.PoissonSampledDpEvent(check_sampling_rate(q), gaussian)
 
     def metadata(self) -> dict[str, Any]:
-        return {"mechanism": self.name, "num_candidates": int(self.num_candidates),
-                "noise_multiplier": self.noise_multiplier, "clip_bound": self.clip_bound,
-                "feedback_noise_multiplier": self.feedback_noise_multiplier,
-                "effective_noise_multiplier": self.effective_noise_multiplier}
+        return {
+            "mechanism": self.name,
+            "num_candidates": int(self.num_candidates),
+            "noise_multiplier": self.noise_multiplier,
+            "clip_bound": self.clip_bound,
+            "feedback_noise_multiplier": self.feedback_noise_multiplier,
+            "effective_noise_multiplier": self.effective_noise_multiplier,
+        }
 
     def release(self, sums: np.ndarray, noise: NoiseSource) -> np.ndarray:
         """Noisy sums; ``sums`` has shape (K,) or (runs, K) (independent noise per row)."""
         values = np.asarray(sums, dtype=float)
         if values.ndim not in (1, 2) or values.shape[-1] != self.num_candidates:
-            raise ValueError(f"sums: expected shape ({self.num_candidates},) or (runs, {self.num_candidates}), "
-                             f"got {values.shape}")
+            raise ValueError(
+                f"sums: expected shape ({self.num_candidates},) or (runs, {self.num_candidates}), got {values.shape}"
+            )
         return noise.add_gaussian(values, self.noise_std)
 
     def confusion_noise_std(self, matrices: int) -> float:
@@ -330,7 +342,7 @@ class PermuteAndFlip:
 SelectionMechanism = ExponentialMechanism | GumbelTopK | PermuteAndFlip
 
 # The charged selections a run can be configured with: name -> (epsilon0, k, sensitivity) -> mechanism.
-SELECTION_MECHANISMS = {
+SELECTION_MECHANISMS: dict[str, Callable[[float, int, float], SelectionMechanism]] = {
     "exponential": lambda epsilon0, k, sensitivity: GumbelTopK(epsilon0, k, sensitivity),
     "permute_and_flip": lambda epsilon0, k, sensitivity: PermuteAndFlip(epsilon0, sensitivity, k),
 }
@@ -347,8 +359,12 @@ def selection_mechanism(name: str, epsilon0: float, k: int, sensitivity: float) 
 
 def selection_metadata(mechanism: SelectionMechanism) -> dict[str, Any]:
     """Public parameters of a selection for its ledger entry."""
-    return {"mechanism": mechanism.name, "epsilon0": float(mechanism.epsilon0), "k": int(mechanism.k),
-            "sensitivity": float(mechanism.sensitivity)}
+    return {
+        "mechanism": mechanism.name,
+        "epsilon0": float(mechanism.epsilon0),
+        "k": int(mechanism.k),
+        "sensitivity": float(mechanism.sensitivity),
+    }
 
 
 __all__ = [
@@ -367,4 +383,3 @@ __all__ = [
     "selection_mechanism",
     "selection_metadata",
 ]
-

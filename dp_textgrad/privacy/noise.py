@@ -36,8 +36,10 @@ import numpy as np
 
 Size = int | tuple[int, ...] | None
 
-INSECURE_NOISE_LABEL = ("INSECURE reproducible noise (insecure_noise_seed is set): anyone who knows the seed can "
-                        "remove the noise; for tests and research only, NOT differentially private in practice")
+INSECURE_NOISE_LABEL = (
+    "INSECURE reproducible noise (insecure_noise_seed is set): anyone who knows the seed can "
+    "remove the noise; for tests and research only, NOT differentially private in practice"
+)
 
 
 def _check_scale(scale: float, field: str = "scale") -> float:
@@ -122,14 +124,18 @@ class NoiseSource:
             return "NoiseSource(secure=True)"
         return f"NoiseSource(insecure_seed={self._insecure_seed}, secure=False)"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # A pickled secure source would carry its generator state to disk, and
         # whoever reads the checkpoint could replay (and subtract) future noise.
         if self._secure:
-            raise TypeError("NoiseSource: a secure noise source cannot be pickled or checkpointed; "
-                            "create a fresh NoiseSource() when resuming")
-        return (_restore_insecure, (self._insecure_seed, self._rng.bit_generator.state,
-                                    self._sampling_rng.bit_generator.state))
+            raise TypeError(
+                "NoiseSource: a secure noise source cannot be pickled or checkpointed; "
+                "create a fresh NoiseSource() when resuming"
+            )
+        return (
+            _restore_insecure,
+            (self._insecure_seed, self._rng.bit_generator.state, self._sampling_rng.bit_generator.state),
+        )
 
     # -- releases (floating-point safe when secure) --------------------------------------
     def add_gaussian(self, values: np.ndarray, scale: float) -> np.ndarray:
@@ -211,7 +217,7 @@ class NoiseSource:
 def _seed_words(secret: bytes, key: str) -> list[int]:
     """256 bits from a keyed BLAKE2b of ``key``: unpredictable without ``secret``, fixed with it."""
     digest = hashlib.blake2b(key.encode("utf-8"), key=secret[:64], digest_size=32).digest()
-    return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 32, 4)]
+    return [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 32, 4)]
 
 
 def charge_generator(secret: bytes, key: str) -> np.random.Generator:

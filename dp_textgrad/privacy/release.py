@@ -51,17 +51,17 @@ CHANNELS: dict[str, dict[str, str]] = {
         "best_candidate_id": DP_OUTPUT,
         "best_estimate": DP_OUTPUT,
         "mean_estimate": DP_OUTPUT,
-        "noise_std_estimate": DP_OUTPUT,     # z, C, K, q and N: the declared N (public) or the DP count
-        "epsilon_spent": PUBLIC,             # a function of the charged events' public parameters
+        "noise_std_estimate": DP_OUTPUT,  # z, C, K, q and N: the declared N (public) or the DP count
+        "epsilon_spent": PUBLIC,  # a function of the charged events' public parameters
         "epsilons": PUBLIC,
-        "public_calls": PUBLIC,              # mutation and critique calls (public inputs)
+        "public_calls": PUBLIC,  # mutation and critique calls (public inputs)
         "public_prompt_tokens": PUBLIC,
         "public_completion_tokens": PUBLIC,
         "planned_private_evaluations": DP_OUTPUT,  # q N K with the declared or DP-counted N, not the real count
-        "private_calls": OPERATOR_ONLY,      # depend on the secret subsample
+        "private_calls": OPERATOR_ONLY,  # depend on the secret subsample
         "private_prompt_tokens": OPERATOR_ONLY,
         "private_completion_tokens": OPERATOR_ONLY,
-        "seconds": OPERATOR_ONLY,            # wall time includes the private scoring phase
+        "seconds": OPERATOR_ONLY,  # wall time includes the private scoring phase
     },
     # result.json
     "result": {
@@ -71,44 +71,44 @@ CHANNELS: dict[str, dict[str, str]] = {
         "epsilon": PUBLIC,
         "delta": PUBLIC,
         "epsilons": PUBLIC,
-        "generations_run": PUBLIC,           # stops depend on the budget and public events only
+        "generations_run": PUBLIC,  # stops depend on the budget and public events only
         "stopped_because": PUBLIC,
         "unsafe": PUBLIC,
         "noise": PUBLIC,
         "history": NESTED + "metrics",
         "lineage": DP_OUTPUT,
-        "evaluation": PUBLIC,                # the user's test split: not private training data
+        "evaluation": PUBLIC,  # the user's test split: not private training data
         "public_usage": PUBLIC,
         "planned_private_evaluations": DP_OUTPUT,  # from the declared (public) or DP-counted N
-        "fewshot": PUBLIC,                   # the audit's positive control: says it is NOT private
+        "fewshot": PUBLIC,  # the audit's positive control: says it is NOT private
         "seconds": OPERATOR_ONLY,
-        "engine_usage": OPERATOR_ONLY,       # totals include the private phase
+        "engine_usage": OPERATOR_ONLY,  # totals include the private phase
     },
     # checkpoint.json (meant to be resumable anywhere, so it is released too)
     "checkpoint": {
         "format": PUBLIC,
         "generation": PUBLIC,
-        "config": PUBLIC,                    # its counted_dataset_size (N not declared) is the DP count of N
-        "plan_value": PUBLIC,                # the calibrated parameter: a function of the schedule (whose q may
-                                             # come from the DP count of N: post-processing)
-        "population": DP_OUTPUT,             # texts chosen and scored by DP mechanisms
-        "public_rng_state": PUBLIC,          # advanced by public choices only
+        "config": PUBLIC,  # its counted_dataset_size (N not declared) is the DP count of N
+        "plan_value": PUBLIC,  # the calibrated parameter: a function of the schedule (whose q may
+        # come from the DP count of N: post-processing)
+        "population": DP_OUTPUT,  # texts chosen and scored by DP mechanisms
+        "public_rng_state": PUBLIC,  # advanced by public choices only
         "history": NESTED + "metrics",
         "stopped_because": PUBLIC,
         "variable_value": DP_OUTPUT,
-        "charges": PUBLIC,                   # ledger entries so far (the ledger itself is released)
-        "interrupted_charges": PUBLIC,       # counted from the ledger and the checkpoints
+        "charges": PUBLIC,  # ledger entries so far (the ledger itself is released)
+        "interrupted_charges": PUBLIC,  # counted from the ledger and the checkpoints
     },
     # config.json
     "config": {
         "task": PUBLIC,
         "engine": PUBLIC,
-        "config": PUBLIC,                    # settings; with N not declared its counted_dataset_size and the q and
-                                             # delta derived from it are post-processing of the DP count of N
+        "config": PUBLIC,  # settings; with N not declared its counted_dataset_size and the q and
+        # delta derived from it are post-processing of the DP count of N
         "seed_prompt": PUBLIC,
         "noise_multiplier": PUBLIC,
         "selection_epsilon": PUBLIC,
-        "dataset_size": DP_OUTPUT,           # the declared N (public) or the DP count of N (docs/privacy.md)
+        "dataset_size": DP_OUTPUT,  # the declared N (public) or the DP count of N (docs/privacy.md)
         "noise": PUBLIC,
     },
     # one line of runs/run_metadata.jsonl
@@ -126,31 +126,31 @@ CHANNELS: dict[str, dict[str, str]] = {
         "unsafe": PUBLIC,
         "machine": PUBLIC,
         "code_version": PUBLIC,
-        "started": PUBLIC,                   # taken before any private record is read
+        "started": PUBLIC,  # taken before any private record is read
         "seconds": OPERATOR_ONLY,
-        "event": PUBLIC,                     # started | resumed | finished | failed
-        "generation": PUBLIC,                # where a resumed run continues (checkpoints are public)
+        "event": PUBLIC,  # started | resumed | finished | failed
+        "generation": PUBLIC,  # where a resumed run continues (checkpoints are public)
         "generations_run": PUBLIC,
-        "stopped_because": PUBLIC,           # budget and user events only
+        "stopped_because": PUBLIC,  # budget and user events only
         "stopped_early": PUBLIC,
-        "why": PUBLIC,                       # a fixed phrase per failure kind, never error text
+        "why": PUBLIC,  # a fixed phrase per failure kind, never error text
     },
     # federation.json of a federated run (docs/federated.md)
     "federation": {
         "placement": PUBLIC,
         "silos": PUBLIC,
         "silo_names": PUBLIC,
-        "silo_sizes": PUBLIC,                # each silo's declared size, or the DP count it released
+        "silo_sizes": PUBLIC,  # each silo's declared size, or the DP count it released
         "jse": PUBLIC,
         "control_variate": PUBLIC,
-        "secure_aggregation": PUBLIC,        # a setting: whether the silos' values were summed by SecAgg+
-        "total_noise_factor": PUBLIC,        # std of the noise on the total / sigma: a function of S
-        "unmask_threshold": PUBLIC,          # t of SecAgg+ (a function of S): each silo adds sigma^2 / t
-        "size_source": PUBLIC,               # declared | dp_count | equal_shares: where silo_sizes come from
-        "coupling_error": PUBLIC,            # fixed-point bound from public sizes, clip bound and noise stds
-        "guarantees": PUBLIC,                # from the charged events' public parameters
+        "secure_aggregation": PUBLIC,  # a setting: whether the silos' values were summed by SecAgg+
+        "total_noise_factor": PUBLIC,  # std of the noise on the total / sigma: a function of S
+        "unmask_threshold": PUBLIC,  # t of SecAgg+ (a function of S): each silo adds sigma^2 / t
+        "size_source": PUBLIC,  # declared | dp_count | equal_shares: where silo_sizes come from
+        "coupling_error": PUBLIC,  # fixed-point bound from public sizes, clip bound and noise stds
+        "guarantees": PUBLIC,  # from the charged events' public parameters
         "transport": PUBLIC,
-        "evaluation": PUBLIC,                # the coordinator's public test split
+        "evaluation": PUBLIC,  # the coordinator's public test split
         "seconds": OPERATOR_ONLY,
     },
     # one line of the run log per audit (docs/audit.md): research results about canaries or synthetic
@@ -166,7 +166,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "event": PUBLIC,
         "epsilons": PUBLIC,
         "epsilon": PUBLIC,
-        "metadata": PUBLIC,                  # mechanism parameters and candidate ids only
+        "metadata": PUBLIC,  # mechanism parameters and candidate ids only
         "differentially_private": PUBLIC,
         "note": PUBLIC,
         # No timestamps: the times between charges would time the private phase.
@@ -174,14 +174,14 @@ CHANNELS: dict[str, dict[str, str]] = {
     # `optimize --json` and run-event sinks (dp_textgrad.run_events): the start and lifetime events.
     # Generation and finished events carry the released fields of `metrics` and `result`.
     "events": {
-        "event": PUBLIC,                     # start | lifetime | generation | finished
+        "event": PUBLIC,  # start | lifetime | generation | finished
         "epsilon": PUBLIC,
         "delta": PUBLIC,
         "generations": PUBLIC,
         "population": PUBLIC,
         "parents": PUBLIC,
         "sampling_rate": PUBLIC,
-        "dataset_size": DP_OUTPUT,           # the declared N (public) or the DP count of N (docs/privacy.md)
+        "dataset_size": DP_OUTPUT,  # the declared N (public) or the DP count of N (docs/privacy.md)
         "selection": PUBLIC,
         "mechanism": PUBLIC,
         "noise_multiplier": PUBLIC,
@@ -190,53 +190,53 @@ CHANNELS: dict[str, dict[str, str]] = {
         "privacy": PUBLIC,
         "mode": PUBLIC,
         "resumed": PUBLIC,
-        "generation": PUBLIC,                # where the run starts (checkpoints are public)
-        "epsilon_spent": PUBLIC,             # the ledger's: a function of the public schedule
+        "generation": PUBLIC,  # where the run starts (checkpoints are public)
+        "epsilon_spent": PUBLIC,  # the ledger's: a function of the public schedule
         "interrupted_charges": PUBLIC,
-        "lifetime_epsilon": PUBLIC,          # composed epsilons of public schedules
+        "lifetime_epsilon": PUBLIC,  # composed epsilons of public schedules
         "lifetime_epsilon_with_plan": PUBLIC,
         "lifetime_accountant": PUBLIC,
         "lifetime_cap": PUBLIC,
         "lifetime_cap_overridden": PUBLIC,
-        "lifetime_delta": PUBLIC,            # the dataset's one lifetime delta (declared or its first run's)
-        "lifetime_filter_epsilon": PUBLIC,   # the Renyi filter bound the cap is checked against
+        "lifetime_delta": PUBLIC,  # the dataset's one lifetime delta (declared or its first run's)
+        "lifetime_filter_epsilon": PUBLIC,  # the Renyi filter bound the cap is checked against
         "lifetime_filter_epsilon_with_plan": PUBLIC,
-        "dataset_key": PUBLIC,               # the name the data's owner declared; never the fingerprint
+        "dataset_key": PUBLIC,  # the name the data's owner declared; never the fingerprint
         "run_dir": PUBLIC,
         "stopped_early": PUBLIC,
-        "store": OPERATOR_ONLY,              # a path on the operator's machine
+        "store": OPERATOR_ONLY,  # a path on the operator's machine
     },
 }
 
 # Channels that are not structured payloads: what each may carry (docs/privacy.md lists them).
 TEXT_CHANNELS: dict[str, str] = {
     "report.md, report.html, plots/": "rendered from released files only (result.json, metrics.jsonl, "
-                                      "config.json, audit.json); never from operator/",
+    "config.json, audit.json); never from operator/",
     "released_prompt.txt": "the DP-released prompt",
     "MLflow (--mlflow)": "the `events` objects as parameters and metrics (the lifetime store's path left "
-                         "out), tags stopped_because / run_dir name / failing error class, and the released "
-                         "files report.*, plots/, result.json, released_prompt.txt as artifacts",
+    "out), tags stopped_because / run_dir name / failing error class, and the released "
+    "files report.*, plots/, result.json, released_prompt.txt as artifacts",
     "cli_settings.json": "the user's settings (public)",
     "federation_settings.json": "a federated run's settings (public; what `federated --resume` continues with)",
     "silo_accounts/": "each silo's own account: the events its noise answered and the releases it sent, from "
-                      "public parameters only (in a deployment each silo keeps its own file)",
+    "public parameters only (in a deployment each silo keeps its own file)",
     "silo_counts.json": "a federated run's silo sizes: declared, or each silo's DP count of its records "
-                        "(discrete Laplace at the silo, charged in its account and in the ledger's first stage)",
+    "(discrete Laplace at the silo, charged in its account and in the ledger's first stage)",
     "secure_sum_coupling.json": "the fixed-point coupling error of a federated run's secure sums so far (from "
-                                "public sizes, clip bound and noise stds)",
+    "public sizes, clip bound and noise stds)",
     "console (stdout)": "budget, plan and public costs; per generation: generation, DP estimates, epsilon spent; "
-                        "with --json one `events` object per line; with --quiet only the run directory",
+    "with --json one `events` object per line; with --quiet only the run directory",
     "console (stderr)": "one-line errors that quote no private record and no private-derived number; "
-                        "validation errors before any charge may name rows of the private file",
+    "validation errors before any charge may name rows of the private file",
     "exception messages and --debug tracebacks": "engine errors while private records are scored are "
-                                                 "rewritten at the scorer into a fixed message; no local "
-                                                 "variables are shown",
+    "rewritten at the scorer into a fixed message; no local "
+    "variables are shown",
     "log records and warnings": "none computed from private records",
     "exit codes": "0 released, 3 released after an early stop (budget or callback), 1 run failure, "
-                  "2 bad input, 130 interrupted: all decided by public events",
+    "2 bad input, 130 interrupted: all decided by public events",
     "operator/": "operator-only values (real private-phase usage and time, raw engine error text): "
-                 "derived from private data without noise, do not share; also the run's subsample secret "
-                 "(`run_secret`) and the journal of releases (`releases/`), see \"Interruptions\"",
+    "derived from private data without noise, do not share; also the run's subsample secret "
+    '(`run_secret`) and the journal of releases (`releases/`), see "Interruptions"',
 }
 
 
@@ -244,8 +244,9 @@ def classify(channel: str, name: str) -> str:
     try:
         fields = CHANNELS[channel]
     except KeyError:
-        raise UnclassifiedFieldError(f"release: unknown channel {channel!r}; add it to dp_textgrad.privacy.release.CHANNELS") \
-            from None
+        raise UnclassifiedFieldError(
+            f"release: unknown channel {channel!r}; add it to dp_textgrad.privacy.release.CHANNELS"
+        ) from None
     if name not in fields and "*" not in fields:
         raise UnclassifiedFieldError(
             f"release: field {name!r} of channel {channel!r} is not classified; add it to "
@@ -263,7 +264,7 @@ def split(channel: str, payload: Mapping[str, Any]) -> tuple[dict[str, Any], dic
     for name, value in payload.items():
         kind = classify(channel, name)
         if kind.startswith(NESTED):
-            inner = kind[len(NESTED):]
+            inner = kind[len(NESTED) :]
             parts = [split(inner, item) for item in (value or [])]
             released[name] = [public for public, _ in parts]
             hidden = [private for _, private in parts]
@@ -286,7 +287,7 @@ def channel_table() -> str:
     lines = ["| channel | field | class |", "|---|---|---|"]
     for channel, fields in CHANNELS.items():
         for name, kind in fields.items():
-            shown = f"list of `{kind[len(NESTED):]}` payloads" if kind.startswith(NESTED) else kind
+            shown = f"list of `{kind[len(NESTED) :]}` payloads" if kind.startswith(NESTED) else kind
             lines.append(f"| {channel} | `{name}` | {shown} |")
     lines += ["", "| channel | what it may carry |", "|---|---|"]
     lines += [f"| {name} | {rule} |" for name, rule in TEXT_CHANNELS.items()]

@@ -14,8 +14,18 @@ from typing import Any
 from dp_textgrad import _io, runs
 from dp_textgrad.report.markdown import BASELINE_BANNER, FEWSHOT_BANNER, UNSAFE_BANNER, build_markdown, run_kind
 
-__all__ = ["AUDIT_FILE_NAME", "AUDIT_FORMAT", "BASELINE_BANNER", "FEWSHOT_BANNER", "UNSAFE_BANNER",
-           "build_markdown", "charts", "read_audit", "run_kind", "write_report"]
+__all__ = [
+    "AUDIT_FILE_NAME",
+    "AUDIT_FORMAT",
+    "BASELINE_BANNER",
+    "FEWSHOT_BANNER",
+    "UNSAFE_BANNER",
+    "build_markdown",
+    "charts",
+    "read_audit",
+    "run_kind",
+    "write_report",
+]
 
 AUDIT_FILE_NAME = runs.AUDIT_NAME  # written by dp_textgrad.audit.end_to_end
 AUDIT_FORMAT = "dp-textgrad-audit"
@@ -33,24 +43,25 @@ def read_audit(directory: Path) -> dict[str, Any] | None:
     return audit
 
 
-def charts(config: dict[str, Any], result: dict[str, Any], metrics: list[dict[str, Any]],
-           audit: dict[str, Any] | None = None) -> dict[str, bytes]:
+def charts(
+    config: dict[str, Any], result: dict[str, Any], metrics: list[dict[str, Any]], audit: dict[str, Any] | None = None
+) -> dict[str, bytes]:
     """Every chart the report embeds, by file name (PNG bytes)."""
     from dp_textgrad.report import plots  # matplotlib only when a report is drawn
     from dp_textgrad.report.audit_section import ordered_attacks
 
     images: dict[str, bytes] = {}
     if result.get("evaluation"):
-        images["accuracy.png"] = plots.evaluation_chart(result["evaluation"])
+        images[runs.ACCURACY_PLOT_NAME] = plots.evaluation_chart(result["evaluation"])
     if metrics and run_kind(config, result) == "dp":
-        images["epsilon.png"] = plots.privacy_chart(metrics, config.get("config", {}).get("epsilon"))
+        images[runs.EPSILON_PLOT_NAME] = plots.privacy_chart(metrics, config.get("config", {}).get("epsilon"))
     if metrics:
-        images["scores.png"] = plots.scores_chart(metrics)
+        images[runs.SCORES_PLOT_NAME] = plots.scores_chart(metrics)
     if result.get("lineage"):
-        images["lineage.png"] = plots.lineage_chart(result["lineage"])
+        images[runs.LINEAGE_PLOT_NAME] = plots.lineage_chart(result["lineage"])
     curves = [(n, a) for n, a in ordered_attacks((audit or {}).get("attacks", {})) if a.get("roc")]
-    if curves:
-        images["audit_roc.png"] = plots.audit_roc_chart(audit, curves)
+    if audit is not None and curves:
+        images[runs.AUDIT_ROC_PLOT_NAME] = plots.audit_roc_chart(audit, curves)
     return images
 
 
@@ -58,11 +69,12 @@ def write_report(run_dir: str | Path) -> Path:
     """(Re)build ``report.md``, ``report.html`` and ``plots/`` from the files of a run directory."""
     from dp_textgrad.report.html import markdown_to_html
 
-    layout = runs.RunDir(run_dir)
+    layout = runs.RunDir(Path(run_dir))
     directory = layout.path
     if not layout.result.exists():
-        raise FileNotFoundError(f"run_dir: no {layout.result.name} in {directory}; the run has not finished "
-                                "(resume it first)")
+        raise FileNotFoundError(
+            f"run_dir: no {layout.result.name} in {directory}; the run has not finished (resume it first)"
+        )
     config = runs.read_json(layout.config) if layout.config.exists() else {}
     result = runs.read_json(layout.result)
     metrics = list(_io.read_jsonl(layout.metrics))
@@ -74,7 +86,10 @@ def write_report(run_dir: str | Path) -> Path:
         (plot_dir / name).write_bytes(data)
     markdown = build_markdown(directory, config, result, metrics, {n: f"{runs.PLOTS_DIR}/{n}" for n in images}, audit)
     _io.atomic_write_text(directory / runs.REPORT_NAME, markdown)
-    page = markdown_to_html(build_markdown(directory, config, result, metrics, {n: n for n in images}, audit), images,
-                            title=f"dp-textgrad report: {directory.name}")
+    page = markdown_to_html(
+        build_markdown(directory, config, result, metrics, {n: n for n in images}, audit),
+        images,
+        title=f"dp-textgrad report: {directory.name}",
+    )
     _io.atomic_write_text(directory / HTML_NAME, page)
     return directory / runs.REPORT_NAME

@@ -10,17 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dp_textgrad import runs
 from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
 from dp_textgrad.report.audit_section import audit_markdown
 from dp_textgrad.report.fmt import interval, num, p_value, sig, signed
 from dp_textgrad.report.plots import Z95, accuracy_ci
 
-UNSAFE_BANNER = ("**WARNING: unsafe mode: raw private records reached the mutator. This run is NOT "
-                 "differentially private; never ship its prompt.**")
-BASELINE_BANNER = ("**Non-private baseline (`privacy: off`): exact scores, no noise, no differential-privacy "
-                   "guarantee. It is here to compare against; do not ship it as private.**")
-FEWSHOT_BANNER = ("**WARNING: few-shot positive control: no optimisation; the released prompt is the seed prompt "
-                  "plus raw private records. It is NOT differentially private.**")
+UNSAFE_BANNER = (
+    "**WARNING: unsafe mode: raw private records reached the mutator. This run is NOT "
+    "differentially private; never ship its prompt.**"
+)
+BASELINE_BANNER = (
+    "**Non-private baseline (`privacy: off`): exact scores, no noise, no differential-privacy "
+    "guarantee. It is here to compare against; do not ship it as private.**"
+)
+FEWSHOT_BANNER = (
+    "**WARNING: few-shot positive control: no optimisation; the released prompt is the seed prompt "
+    "plus raw private records. It is NOT differentially private.**"
+)
 
 
 def run_kind(config: dict[str, Any], result: dict[str, Any]) -> str:
@@ -57,8 +64,10 @@ def _schedule(config: dict[str, Any]) -> str:
     counted = cfg.get("dataset_size") is None and cfg.get("counted_dataset_size") is not None
     shown = f"{size}, a DP count," if counted else f"{size}"
     expected = f" (about {float(q) * int(size):.0f} of N = {shown} records per generation)" if q and size else ""
-    return (f"{cfg.get('generations')} generations, population {cfg.get('population')}, "
-            f"{cfg.get('parents')} parents, Poisson sampling rate q = {sig(q)}{expected}")
+    return (
+        f"{cfg.get('generations')} generations, population {cfg.get('population')}, "
+        f"{cfg.get('parents')} parents, Poisson sampling rate q = {sig(q)}{expected}"
+    )
 
 
 def header(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> list[str]:
@@ -71,28 +80,41 @@ def header(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> lis
         lines += [banner, ""]
     if kind == "fewshot":
         fewshot = config["fewshot"]
-        return lines + ["## Guarantee", "", "- none: NOT differentially private (few-shot positive control)",
-                        f"- no optimisation: the seed prompt plus {fewshot.get('n_demos')} raw private records drawn "
-                        f"at random (seed {fewshot.get('seed')}), what a naive few-shot prompt builder ships", ""]
+        return lines + [
+            "## Guarantee",
+            "",
+            "- none: NOT differentially private (few-shot positive control)",
+            f"- no optimisation: the seed prompt plus {fewshot.get('n_demos')} raw private records drawn "
+            f"at random (seed {fewshot.get('seed')}), what a naive few-shot prompt builder ships",
+            "",
+        ]
     task = f"task `{config.get('task', '-')}`, engine `{config.get('engine', '-')}`"
     if kind == "dp":
-        lines += [f"> **({sig(result['epsilon'], 4)}, {sig(result['delta'])})-differential privacy** for each "
-                  f"record of the private set (neighbours: add or remove one record), covering everything this "
-                  f"run released; bound: {_used_bound(result).upper()}, the smallest of "
-                  f"{len(result.get('epsilons') or {})} valid accountants. {_mechanism(config)}; "
-                  f"{_schedule(config)}.", ""]
+        lines += [
+            f"> **({sig(result['epsilon'], 4)}, {sig(result['delta'])})-differential privacy** for each "
+            f"record of the private set (neighbours: add or remove one record), covering everything this "
+            f"run released; bound: {_used_bound(result).upper()}, the smallest of "
+            f"{len(result.get('epsilons') or {})} valid accountants. {_mechanism(config)}; "
+            f"{_schedule(config)}.",
+            "",
+        ]
     lines += ["## Guarantee", "", "| | |", "|---|---|"]
     if kind == "dp":
-        lines += [f"| epsilon spent | **{sig(result['epsilon'], 4)}** of a budget of {sig(cfg.get('epsilon'), 4)} |",
-                  f"| delta | {sig(result['delta'])} |",
-                  f"| accountant used | {_used_bound(result)} (every accountant's bound is listed below) |"]
+        lines += [
+            f"| epsilon spent | **{sig(result['epsilon'], 4)}** of a budget of {sig(cfg.get('epsilon'), 4)} |",
+            f"| delta | {sig(result['delta'])} |",
+            f"| accountant used | {_used_bound(result)} (every accountant's bound is listed below) |",
+        ]
     else:
         lines += ["| epsilon | none: not differentially private |"]
-    lines += ["| unit of privacy | one record; neighbouring datasets differ by adding or removing one record |",
-              f"| mechanism | {_mechanism(config) if kind == 'dp' else 'none (exact scores)'} |",
-              f"| schedule | {_schedule(config)} |",
-              f"| noise source | {result.get('noise') or config.get('noise') or 'OS entropy'} |",
-              f"| run | {task}; stopped because: {result.get('stopped_because')} |", ""]
+    lines += [
+        "| unit of privacy | one record; neighbouring datasets differ by adding or removing one record |",
+        f"| mechanism | {_mechanism(config) if kind == 'dp' else 'none (exact scores)'} |",
+        f"| schedule | {_schedule(config)} |",
+        f"| noise source | {result.get('noise') or config.get('noise') or 'OS entropy'} |",
+        f"| run | {task}; stopped because: {result.get('stopped_because')} |",
+        "",
+    ]
     return lines
 
 
@@ -105,9 +127,12 @@ def released(result: dict[str, Any]) -> list[str]:
     noise_std = evaluations[-1].get("noise_std") if evaluations else None
     if noise_std:
         half = Z95 * float(noise_std)
-        lines += [f"DP estimate of its score: **{num(estimate)}** (95% noise interval "
-                  f"{num(estimate - half)} to {num(estimate + half)}; noise std {sig(noise_std)}; shrunk toward "
-                  "the population mean, a DP output like every value in this report).", ""]
+        lines += [
+            f"DP estimate of its score: **{num(estimate)}** (95% noise interval "
+            f"{num(estimate - half)} to {num(estimate + half)}; noise std {sig(noise_std)}; shrunk toward "
+            "the population mean, a DP output like every value in this report).",
+            "",
+        ]
     else:
         lines += [f"Score estimate: **{num(estimate)}**.", ""]
     return lines
@@ -122,16 +147,26 @@ def evaluation(result: dict[str, Any], image: str | None) -> list[str]:
     for name, key in (("seed", "seed_accuracy"), ("released", "released_accuracy")):
         low, high = accuracy_ci(float(ev[key]), n)
         rows.append(f"| {name} | {interval(ev[key], low, high)} |")
-    lines = ["## Test-split evaluation (outside the guarantee)", "",
-             "The test split is the user's own held-out data, scored without noise: research only, not covered "
-             "by the guarantee above.", "", f"| prompt | accuracy, n = {n} [95% Wilson interval] |", "|---|---|",
-             *rows, ""]
+    lines = [
+        "## Test-split evaluation (outside the guarantee)",
+        "",
+        "The test split is the user's own held-out data, scored without noise: research only, not covered "
+        "by the guarantee above.",
+        "",
+        f"| prompt | accuracy, n = {n} [95% Wilson interval] |",
+        "|---|---|",
+        *rows,
+        "",
+    ]
     if ev.get("difference") is not None:
         better, worse = ev.get("discordant") or (0, 0)
-        lines += [f"Paired on the same {n} records: difference **{signed(ev['difference'])}** (95% CI "
-                  f"{signed(ev['difference_low'])} to {signed(ev['difference_high'])}); exact McNemar test "
-                  f"{p_value(ev['mcnemar_p'])} ({better} records only the released prompt gets right, "
-                  f"{worse} only the seed).", ""]
+        lines += [
+            f"Paired on the same {n} records: difference **{signed(ev['difference'])}** (95% CI "
+            f"{signed(ev['difference_low'])} to {signed(ev['difference_high'])}); exact McNemar test "
+            f"{p_value(ev['mcnemar_p'])} ({better} records only the released prompt gets right, "
+            f"{worse} only the seed).",
+            "",
+        ]
     if image:
         lines += [f"![accuracy.png]({image})", ""]
     return lines
@@ -144,13 +179,19 @@ def privacy(metrics: list[dict[str, Any]], image: str | None) -> list[str]:
     lines = ["## Privacy spent per generation", ""]
     if image:
         lines += [f"![epsilon.png]({image})", ""]
-    lines += ["Cumulative epsilon after each generation under every accountant (the ledger uses the smallest, "
-              "in bold):", "", "| gen | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [
+        "Cumulative epsilon after each generation under every accountant (the ledger uses the smallest, in bold):",
+        "",
+        "| gen | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
     for m in metrics:
         values = m.get("epsilons", {})
         smallest = min((values[n] for n in names if n in values), default=None)
-        cells = [f"**{sig(values[n], 4)}**" if n in values and values[n] == smallest else sig(values.get(n), 4)
-                 for n in names]
+        cells = [
+            f"**{sig(values[n], 4)}**" if n in values and values[n] == smallest else sig(values.get(n), 4)
+            for n in names
+        ]
         lines.append(f"| {m['generation']} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -161,17 +202,25 @@ def generations(metrics: list[dict[str, Any]], image: str | None) -> list[str]:
     lines = ["## Scores per generation", ""]
     if image:
         lines += [f"![scores.png]({image})", ""]
-    lines += ["| gen | best estimate [95% noise interval] | population mean | public calls | public tokens |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "| gen | best estimate [95% noise interval] | population mean | public calls | public tokens |",
+        "|---|---|---|---|---|",
+    ]
     for m in metrics:
         half = Z95 * float(m.get("noise_std_estimate") or 0.0)
         best = float(m["best_estimate"])
         tokens = int(m.get("public_prompt_tokens", 0)) + int(m.get("public_completion_tokens", 0))
-        lines.append(f"| {m['generation']} | {interval(best, best - half, best + half)} | "
-                     f"{num(m['mean_estimate'])} | {m.get('public_calls', '-')} | {tokens:,} |")
-    return lines + ["", "Public costs are the mutation, critique and preflight calls, which see public text and DP "
-                    "outputs only. The private scoring phase's usage and time are functions of the secret "
-                    "subsample and are not shown (they stay in the run's operator/ folder).", ""]
+        lines.append(
+            f"| {m['generation']} | {interval(best, best - half, best + half)} | "
+            f"{num(m['mean_estimate'])} | {m.get('public_calls', '-')} | {tokens:,} |"
+        )
+    return lines + [
+        "",
+        "Public costs are the mutation, critique and preflight calls, which see public text and DP "
+        "outputs only. The private scoring phase's usage and time are functions of the secret "
+        "subsample and are not shown (they stay in the run's operator/ folder).",
+        "",
+    ]
 
 
 def lineage(result: dict[str, Any], image: str | None) -> list[str]:
@@ -185,21 +234,28 @@ def lineage(result: dict[str, Any], image: str | None) -> list[str]:
     for cand in sorted(chain, key=lambda c: (int(c.get("generation", 0)), str(c.get("id")))):
         text = " ".join(str(cand.get("text", "")).split()).replace("|", "/")
         text = text if len(text) <= 90 else text[:87] + "..."
-        lines.append(f"| {cand.get('generation')} | `{cand.get('id')}` | {cand.get('operator')} | "
-                     f"{', '.join(cand.get('parent_ids') or []) or '-'} | {text} |")
+        lines.append(
+            f"| {cand.get('generation')} | `{cand.get('id')}` | {cand.get('operator')} | "
+            f"{', '.join(cand.get('parent_ids') or []) or '-'} | {text} |"
+        )
     return lines + [""]
 
 
-def build_markdown(run_dir: Path, config: dict[str, Any], result: dict[str, Any],
-                   metrics: list[dict[str, Any]], images: dict[str, str],
-                   audit: dict[str, Any] | None = None) -> str:
+def build_markdown(
+    run_dir: Path,
+    config: dict[str, Any],
+    result: dict[str, Any],
+    metrics: list[dict[str, Any]],
+    images: dict[str, str],
+    audit: dict[str, Any] | None = None,
+) -> str:
     """The whole report; ``images`` maps a chart's name to the reference to embed."""
     lines = header(run_dir, config, result)
     lines += released(result)
-    lines += evaluation(result, images.get("accuracy.png"))
-    lines += privacy(metrics, images.get("epsilon.png"))
-    lines += generations(metrics, images.get("scores.png"))
-    lines += lineage(result, images.get("lineage.png"))
+    lines += evaluation(result, images.get(runs.ACCURACY_PLOT_NAME))
+    lines += privacy(metrics, images.get(runs.EPSILON_PLOT_NAME))
+    lines += generations(metrics, images.get(runs.SCORES_PLOT_NAME))
+    lines += lineage(result, images.get(runs.LINEAGE_PLOT_NAME))
     if audit is not None:
-        lines += audit_markdown(audit, images.get("audit_roc.png"))
+        lines += audit_markdown(audit, images.get(runs.AUDIT_ROC_PLOT_NAME))
     return "\n".join(lines)

@@ -9,27 +9,39 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from scipy.stats import binomtest
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # A 95% normal interval for released noisy estimates: it describes the added noise only.
 Z95 = 1.959964
 BLUE, GREY, ORANGE = "#2b6cb0", "#8a8f98", "#dd6b20"
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
-                         "axes.titlesize": 10, "axes.titleweight": "bold"})
+    plt.rcParams.update(
+        {
+            "font.size": 9,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.titlesize": 10,
+            "axes.titleweight": "bold",
+        }
+    )
     return plt
 
 
-def _png(fig) -> bytes:
+def _png(fig: Figure) -> bytes:
     plt = _pyplot()
     buffer = io.BytesIO()
     fig.tight_layout()
@@ -38,7 +50,7 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def _integer_generations(ax, generations: list[int]) -> None:
+def _integer_generations(ax: Axes, generations: list[int]) -> None:
     if generations:
         low, high = min(generations), max(generations)
         step = max(1, (high - low) // 10)  # at most about ten labels
@@ -55,8 +67,15 @@ def scores_chart(metrics: list[dict[str, Any]]) -> bytes:
     mean = [float(m["mean_estimate"]) for m in metrics]
     half = [Z95 * float(m.get("noise_std_estimate") or 0.0) for m in metrics]
     fig, ax = plt.subplots(figsize=(6.0, 3.2))
-    ax.fill_between(gens, [b - h for b, h in zip(best, half)], [b + h for b, h in zip(best, half)],
-                    color=BLUE, alpha=0.15, linewidth=0, label="95% noise interval of the best")
+    ax.fill_between(
+        gens,
+        [b - h for b, h in zip(best, half)],
+        [b + h for b, h in zip(best, half)],
+        color=BLUE,
+        alpha=0.15,
+        linewidth=0,
+        label="95% noise interval of the best",
+    )
     ax.plot(gens, best, marker="o", color=BLUE, label="best candidate (DP estimate)")
     ax.plot(gens, mean, marker="s", markersize=4, linestyle="--", color=GREY, label="population mean (DP)")
     _integer_generations(ax, gens)
@@ -98,8 +117,11 @@ def _used_accountant(row: dict[str, Any]) -> str | None:
 
 
 def _runner_up(metrics: list[dict[str, Any]]) -> tuple[str, list[float]] | None:
-    final = {k: v for k, v in metrics[-1].get("epsilons", {}).items() if v is not None and math.isfinite(v)} \
-        if metrics else {}
+    final = (
+        {k: v for k, v in metrics[-1].get("epsilons", {}).items() if v is not None and math.isfinite(v)}
+        if metrics
+        else {}
+    )
     if len(final) < 2:
         return None
     ranked = sorted(final, key=final.__getitem__)
@@ -125,18 +147,26 @@ def evaluation_chart(evaluation: dict[str, Any]) -> bytes:
     cis = [accuracy_ci(v, n) for v in values]
     fig, ax = plt.subplots(figsize=(6.0, 2.4))
     ax.barh(names, values, color=[GREY, BLUE], height=0.5)
-    ax.errorbar(values, names, xerr=[[v - lo for v, (lo, _) in zip(values, cis)],
-                                     [hi - v for v, (_, hi) in zip(values, cis)]],
-                fmt="none", ecolor="black", capsize=4, linewidth=1)
+    ax.errorbar(
+        values,
+        names,
+        xerr=[[v - lo for v, (lo, _) in zip(values, cis)], [hi - v for v, (_, hi) in zip(values, cis)]],
+        fmt="none",
+        ecolor="black",
+        capsize=4,
+        linewidth=1,
+    )
     for y, value in enumerate(values):
         ax.text(0.01, y, f"{value:.3f}", va="center", color="white", fontsize=8, fontweight="bold")
     ax.set_xlim(0, 1)
     ax.set_xlabel(f"test accuracy (n = {n}; 95% Wilson intervals)")
     title = "Test split (outside the DP guarantee)"
     if evaluation.get("difference") is not None:
-        title += (f"\npaired difference {evaluation['difference']:+.3f} "
-                  f"[{evaluation['difference_low']:+.3f}, {evaluation['difference_high']:+.3f}], "
-                  f"McNemar p = {evaluation['mcnemar_p']:.2g}")
+        title += (
+            f"\npaired difference {evaluation['difference']:+.3f} "
+            f"[{evaluation['difference_low']:+.3f}, {evaluation['difference_high']:+.3f}], "
+            f"McNemar p = {evaluation['mcnemar_p']:.2g}"
+        )
     ax.set_title(title, fontsize=10)
     return _png(fig)
 
@@ -157,14 +187,24 @@ def lineage_chart(lineage: list[dict[str, Any]]) -> bytes:
         child = position[str(cand["id"])]
         for parent_id in cand.get("parent_ids", []):
             if parent_id in position:
-                ax.annotate("", xy=child, xytext=position[parent_id],
-                            arrowprops=dict(arrowstyle="-|>", color=GREY, lw=1, shrinkA=7, shrinkB=7))
+                ax.annotate(
+                    "",
+                    xy=child,
+                    xytext=position[parent_id],
+                    arrowprops=dict(arrowstyle="-|>", color=GREY, lw=1, shrinkA=7, shrinkB=7),
+                )
     released = str(lineage[0]["id"])
     for cand in lineage:
         x, y = position[str(cand["id"])]
         ax.scatter([x], [y], s=70, color=ORANGE if str(cand["id"]) == released else BLUE, zorder=3)
-        ax.annotate(f"{cand.get('operator')}\n{cand.get('id')}", (x, y), textcoords="offset points",
-                    xytext=(0, 9), ha="center", fontsize=7)
+        ax.annotate(
+            f"{cand.get('operator')}\n{cand.get('id')}",
+            (x, y),
+            textcoords="offset points",
+            xytext=(0, 9),
+            ha="center",
+            fontsize=7,
+        )
     gens = list(by_generation)
     _integer_generations(ax, gens)
     ax.set_ylim(-height / 2 - 0.3, height / 2 + 0.6)

@@ -93,7 +93,8 @@ class ClassificationTask:
         unknown = sum(1 for rec in self.private_train if rec.unwrap().label not in known)
         if unknown:
             raise ValueError(
-                f"private_train: {unknown} record(s) have a label outside {self.labels}; fix the labels or the label list"
+                f"private_train: {unknown} record(s) have a label outside {self.labels}; "
+                "fix the labels or the label list"
             )
         empty = sum(1 for rec in self.private_train if not rec.unwrap().text.strip())
         if empty:
@@ -101,8 +102,13 @@ class ClassificationTask:
         # No warning about the label mix of private_train: a run that goes on prints nothing
         # computed from private records (docs/privacy.md, the release boundary).
 
-    def with_bounded_records(self, count_tokens: Callable[[str], int], truncate: Callable[[str, int], str],
-                             max_tokens: int, policy: str = "truncate") -> "ClassificationTask":
+    def with_bounded_records(
+        self,
+        count_tokens: Callable[[str], int],
+        truncate: Callable[[str, int], str],
+        max_tokens: int,
+        policy: str = "truncate",
+    ) -> ClassificationTask:
         """This task with every private record at most ``max_tokens`` long (a public cap).
 
         Runs before anything is charged. ``truncate`` cuts each record on its own, a
@@ -139,8 +145,14 @@ class ClassificationTask:
         return self.render_record(example.text) + verbalizers[example.label]
 
     # -- scoring --------------------------------------------------------------------
-    def _outcomes(self, engine: "Engine", prompt: str, texts: Sequence[str], gold: Sequence[str],
-                  verbalizers: Mapping[str, str] | None = None) -> RecordOutcomes:
+    def _outcomes(
+        self,
+        engine: Engine,
+        prompt: str,
+        texts: Sequence[str],
+        gold: Sequence[str],
+        verbalizers: Mapping[str, str] | None = None,
+    ) -> RecordOutcomes:
         verbalizers = verbalizers or self.verbalizers
         choices = [verbalizers[label] for label in self.labels]
         gold_idx = np.array([self.labels.index(g) for g in gold], dtype=int)
@@ -160,19 +172,26 @@ class ClassificationTask:
             scores = probs[np.arange(len(texts)), gold_idx] * self.clip_bound
         return RecordOutcomes(scores=scores, gold=gold_idx, predicted=predicted)
 
-    def private_outcomes(self, engine: "Engine", prompt: str, batch: PrivateBatch[Example],
-                         verbalizers: Mapping[str, str] | None = None) -> RecordOutcomes:
+    def private_outcomes(
+        self, engine: Engine, prompt: str, batch: PrivateBatch[Example], verbalizers: Mapping[str, str] | None = None
+    ) -> RecordOutcomes:
         """Outcomes on private records. Call only from a DP mechanism."""
         records = [rec.unwrap() for rec in batch]
         return self._outcomes(engine, prompt, [r.text for r in records], [r.label for r in records], verbalizers)
 
-    def public_outcomes(self, engine: "Engine", prompt: str, examples: Sequence[Example],
-                        verbalizers: Mapping[str, str] | None = None) -> RecordOutcomes:
+    def public_outcomes(
+        self, engine: Engine, prompt: str, examples: Sequence[Example], verbalizers: Mapping[str, str] | None = None
+    ) -> RecordOutcomes:
         """Outcomes on public or test records (no privacy involved)."""
         return self._outcomes(engine, prompt, [e.text for e in examples], [e.label for e in examples], verbalizers)
 
-    def accuracy(self, engine: "Engine", prompt: str, examples: Sequence[Example] | None = None,
-                 verbalizers: Mapping[str, str] | None = None) -> float:
+    def accuracy(
+        self,
+        engine: Engine,
+        prompt: str,
+        examples: Sequence[Example] | None = None,
+        verbalizers: Mapping[str, str] | None = None,
+    ) -> float:
         """Test accuracy of ``prompt`` (research evaluation; not covered by the guarantee)."""
         examples = self.test if examples is None else examples
         if not examples:

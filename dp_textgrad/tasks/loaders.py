@@ -13,13 +13,16 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
 from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors
+
+if TYPE_CHECKING:
+    from _csv import Reader as CsvReader
 
 FileFormat = Literal["csv", "tsv", "jsonl"]
 _EXTENSIONS: dict[str, FileFormat] = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
@@ -76,9 +79,14 @@ def _lines(numbers: Sequence[int]) -> str:
     return f"line(s) {shown}{more}"
 
 
-def _read_delimited(path: Path, delimiter: str, text_column: str, label_column: str,
-                    encoding: str = DEFAULT_ENCODING,
-                    max_chars: int = MAX_RECORD_CHARS) -> Iterator[tuple[int, object, object]]:
+def _read_delimited(
+    path: Path,
+    delimiter: str,
+    text_column: str,
+    label_column: str,
+    encoding: str = DEFAULT_ENCODING,
+    max_chars: int = MAX_RECORD_CHARS,
+) -> Iterator[tuple[int, object, object]]:
     """Yield (line where the record starts, text, label); quoted multi-line fields are one record."""
     with path.open(encoding=encoding, newline="") as handle, decoding_errors(path, encoding):
         lines = LimitedLines(handle, path, max_chars)
@@ -113,7 +121,7 @@ def _read_delimited(path: Path, delimiter: str, text_column: str, label_column: 
             )
 
 
-def _rows_within_limit(reader, path: Path, max_chars: int) -> Iterator[list[str]]:
+def _rows_within_limit(reader: CsvReader, path: Path, max_chars: int) -> Iterator[list[str]]:
     # csv's own field limit is process-wide state; check each field here instead (a
     # quoted field spanning lines is bounded by LimitedLines per line and by this in total).
     while True:
@@ -122,16 +130,21 @@ def _rows_within_limit(reader, path: Path, max_chars: int) -> Iterator[list[str]
         except StopIteration:
             return
         except csv.Error as exc:
-            raise ValueError(f"{path.name}: the record at line {reader.line_num} cannot be parsed ({exc}); check its "
-                             f"quoting, or shorten it below {max_chars:,} characters (max_record_chars)") from None
+            raise ValueError(
+                f"{path.name}: the record at line {reader.line_num} cannot be parsed ({exc}); check its "
+                f"quoting, or shorten it below {max_chars:,} characters (max_record_chars)"
+            ) from None
         if any(len(field) > max_chars for field in row):
-            raise ValueError(f"{path.name}: the record at line {reader.line_num} has a field longer than the limit "
-                             f"of {max_chars:,} characters; shorten or drop it (max_record_chars)")
+            raise ValueError(
+                f"{path.name}: the record at line {reader.line_num} has a field longer than the limit "
+                f"of {max_chars:,} characters; shorten or drop it (max_record_chars)"
+            )
         yield row
 
 
-def _read_jsonl(path: Path, text_column: str, label_column: str, encoding: str = DEFAULT_ENCODING,
-                max_chars: int = MAX_RECORD_CHARS) -> Iterator[tuple[int, object, object]]:
+def _read_jsonl(
+    path: Path, text_column: str, label_column: str, encoding: str = DEFAULT_ENCODING, max_chars: int = MAX_RECORD_CHARS
+) -> Iterator[tuple[int, object, object]]:
     """Yield (line, text, label) as it reads; problems are collected and raised at the end."""
     bad_json: list[int] = []
     missing: dict[str, list[int]] = {text_column: [], label_column: []}
@@ -205,8 +218,10 @@ def load_classification_file(
         raise FileNotFoundError(f"path: no file at {path}")
     size = path.stat().st_size
     if size > max_file_bytes:
-        raise ValueError(f"{path.name}: {size:,} bytes, over the limit of {max_file_bytes:,} bytes per file "
-                         "(max_file_bytes); split the file or raise the limit")
+        raise ValueError(
+            f"{path.name}: {size:,} bytes, over the limit of {max_file_bytes:,} bytes per file "
+            "(max_file_bytes); split the file or raise the limit"
+        )
     fmt = _infer_format(path, format)
     if label_names is not None:
         label_names = {str(k): str(v) for k, v in label_names.items()}
@@ -215,8 +230,9 @@ def load_classification_file(
     if fmt == "jsonl":
         rows = _read_jsonl(path, text_column, label_column, encoding, max_record_chars)
     else:
-        rows = _read_delimited(path, "\t" if fmt == "tsv" else ",", text_column, label_column, encoding,
-                               max_record_chars)
+        rows = _read_delimited(
+            path, "\t" if fmt == "tsv" else ",", text_column, label_column, encoding, max_record_chars
+        )
 
     examples: list[Example] = []
     empty: list[int] = []
@@ -253,20 +269,22 @@ def load_classification_file(
             f"{label_column}: {len(bad_label)} record(s) of {path.name} have an empty or non-scalar label "
             f"({_lines(bad_label)}); fix the labels or label_column"
         )
-    if unmapped:
+    if unmapped and label_names is not None:  # unmapped records exist only with label_names
         raise ValueError(
             f"label_names: {len(unmapped)} record(s) of {path.name} have a raw label outside "
             f"{sorted(label_names)} ({_lines(unmapped)}); add those raw labels to label_names"
         )
-    if unknown:
+    if unknown and allowed is not None:  # unknown labels exist only with a labels list
         # Label values are not quoted: with a wrong label_column they would be private text.
         raise ValueError(
             f"labels: {len(unknown)} record(s) of {path.name} have a label outside {sorted(allowed)} "
             f"({_lines(unknown)}); fix the labels, the labels list or label_names"
         )
     if not examples:
-        raise ValueError(f"{path.name}: no records after the header"
-                         + (" with a label in the labels list" if allowed is not None else ""))
+        raise ValueError(
+            f"{path.name}: no records after the header"
+            + (" with a label in the labels list" if allowed is not None else "")
+        )
     if warn_imbalance:
         _warn_if_imbalanced(examples, path.name)
     return examples
@@ -275,8 +293,7 @@ def load_classification_file(
 def _warn_if_imbalanced(examples: Sequence[Example], source: str) -> None:
     counts = Counter(ex.label for ex in examples)
     if len(counts) < 2:
-        warnings.warn(f"{source}: every record has the same label; a classifier cannot be scored on it",
-                      stacklevel=3)
+        warnings.warn(f"{source}: every record has the same label; a classifier cannot be scored on it", stacklevel=3)
         return
     (top, top_n), (rare, rare_n) = counts.most_common()[0], counts.most_common()[-1]
     if top_n >= IMBALANCE_RATIO * rare_n:
@@ -288,15 +305,17 @@ def _warn_if_imbalanced(examples: Sequence[Example], source: str) -> None:
         )
 
 
-def _warn_of_classes_missing_from_test(labels: Sequence[str], test_examples: Sequence[Example],
-                                       source: str) -> None:
+def _warn_of_classes_missing_from_test(labels: Sequence[str], test_examples: Sequence[Example], source: str) -> None:
     """Warn of each listed class that the (public) test file never uses. Only the test file is
     read for this: whether the private train file has a class is a statistic of it."""
     present = {ex.label for ex in test_examples}
     for label in labels:
         if label not in present:
-            warnings.warn(f"task.labels: class {label!r} never occurs in the test file {source}, so its accuracy "
-                          "cannot be measured; add test records of it or drop it from the labels", stacklevel=3)
+            warnings.warn(
+                f"task.labels: class {label!r} never occurs in the test file {source}, so its accuracy "
+                "cannot be measured; add test records of it or drop it from the labels",
+                stacklevel=3,
+            )
 
 
 def subsample(examples: Sequence[Example], n: int | None, seed: int) -> list[Example]:
@@ -344,9 +363,20 @@ def build_task_from_files(
     ``drop_other_labels=True`` (to keep a subset of classes).
     ``n_private`` / ``n_test`` take uniform random subsets fixed by ``seed``.
     """
+
     def load(path: str | os.PathLike[str], allowed: Sequence[str] | None, warn: bool = True) -> list[Example]:
-        return load_classification_file(path, text_column, label_column, format, allowed, label_names,
-                                        drop_other_labels, warn, encoding, max_record_chars)
+        return load_classification_file(
+            path,
+            text_column,
+            label_column,
+            format,
+            allowed,
+            label_names,
+            drop_other_labels,
+            warn,
+            encoding,
+            max_record_chars,
+        )
 
     test_examples = load(test, labels)
     if labels is None:

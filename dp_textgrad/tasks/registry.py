@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import Any
 
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
 from dp_textgrad.tasks.loaders import build_task_from_files, resolve_data_dir
@@ -37,15 +38,30 @@ SST2_PUBLIC_EXAMPLES = (
 )
 
 
-def build_sst2(data_dir: str | os.PathLike[str] | None = None, *, n_private: int | None = 2000,
-               n_test: int | None = None, seed: int = 0, score_kind: ScoreKind = "accuracy") -> ClassificationTask:
+def build_sst2(
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    n_private: int | None = 2000,
+    n_test: int | None = None,
+    seed: int = 0,
+    score_kind: ScoreKind = "accuracy",
+) -> ClassificationTask:
     """SST-2: ``train.tsv`` is the private pool (``n_private`` records drawn by ``seed``), ``dev.tsv`` the test set."""
     root = resolve_data_dir(data_dir) / "sst2"
     return build_task_from_files(
-        "sst2", root / "train.tsv", root / "dev.tsv", public=list(SST2_PUBLIC_EXAMPLES),
-        labels=["negative", "positive"], label_names=SST2_LABEL_NAMES,
-        description=SST2_DESCRIPTION, record_template="Review: {text}\nSentiment:",
-        score_kind=score_kind, seed_prompt="Read the review.", n_private=n_private, n_test=n_test, seed=seed,
+        "sst2",
+        root / "train.tsv",
+        root / "dev.tsv",
+        public=list(SST2_PUBLIC_EXAMPLES),
+        labels=["negative", "positive"],
+        label_names=SST2_LABEL_NAMES,
+        description=SST2_DESCRIPTION,
+        record_template="Review: {text}\nSentiment:",
+        score_kind=score_kind,
+        seed_prompt="Read the review.",
+        n_private=n_private,
+        n_test=n_test,
+        seed=seed,
     )
 
 
@@ -53,19 +69,21 @@ def build_sst2(data_dir: str | os.PathLike[str] | None = None, *, n_private: int
 # BANKING77, restricted to its 10 most frequent intents in train.tsv (counted once, before
 # any experiment; scoring 77 labels per record is too slow on a CPU). Counts in train.tsv:
 # 168, 164, 163, 162, 159, 157, 156, 155, 154, 154; the 11th intent has 152, so no tie.
-BANKING77_INTENTS = MappingProxyType({
-    # raw intent label -> readable verbaliser (what the model is asked to continue with)
-    "card_payment_fee_charged": " card payment fee",
-    "direct_debit_payment_not_recognised": " unknown direct debit",
-    "balance_not_updated_after_cheque_or_cash_deposit": " deposit not showing",
-    "wrong_amount_of_cash_received": " wrong cash amount",
-    "cash_withdrawal_charge": " cash withdrawal fee",
-    "transaction_charged_twice": " charged twice",
-    "declined_cash_withdrawal": " withdrawal declined",
-    "transfer_fee_charged": " transfer fee",
-    "transfer_not_received_by_recipient": " transfer not received",
-    "balance_not_updated_after_bank_transfer": " transfer not in balance",
-})
+BANKING77_INTENTS = MappingProxyType(
+    {
+        # raw intent label -> readable verbaliser (what the model is asked to continue with)
+        "card_payment_fee_charged": " card payment fee",
+        "direct_debit_payment_not_recognised": " unknown direct debit",
+        "balance_not_updated_after_cheque_or_cash_deposit": " deposit not showing",
+        "wrong_amount_of_cash_received": " wrong cash amount",
+        "cash_withdrawal_charge": " cash withdrawal fee",
+        "transaction_charged_twice": " charged twice",
+        "declined_cash_withdrawal": " withdrawal declined",
+        "transfer_fee_charged": " transfer fee",
+        "transfer_not_received_by_recipient": " transfer not received",
+        "balance_not_updated_after_bank_transfer": " transfer not in balance",
+    }
+)
 BANKING77_DESCRIPTION = (
     "Questions from customers of an online bank (BANKING77, restricted to 10 intents). "
     "The task is to name the intent: a fee on a card payment, a direct debit the customer does not "
@@ -76,45 +94,68 @@ BANKING77_DESCRIPTION = (
 # Written for this project (not from BANKING77): one or two questions per intent.
 BANKING77_PUBLIC_EXAMPLES = (
     Example("Why did I pay an extra fee when I bought something with my card?", "card_payment_fee_charged"),
-    Example("There is a direct debit on my account from a company I have never heard of.",
-            "direct_debit_payment_not_recognised"),
-    Example("I paid in a cheque two days ago and my balance still looks the same.",
-            "balance_not_updated_after_cheque_or_cash_deposit"),
+    Example(
+        "There is a direct debit on my account from a company I have never heard of.",
+        "direct_debit_payment_not_recognised",
+    ),
+    Example(
+        "I paid in a cheque two days ago and my balance still looks the same.",
+        "balance_not_updated_after_cheque_or_cash_deposit",
+    ),
     Example("The cash machine gave me less money than I asked for.", "wrong_amount_of_cash_received"),
     Example("Why was I charged for taking money out of an ATM?", "cash_withdrawal_charge"),
     Example("The same purchase shows up two times in my transactions.", "transaction_charged_twice"),
     Example("The ATM refused to give me cash, what is wrong with my card?", "declined_cash_withdrawal"),
-    Example("How much does it cost to send money to another account? I was charged for it.",
-            "transfer_fee_charged"),
+    Example("How much does it cost to send money to another account? I was charged for it.", "transfer_fee_charged"),
     Example("I sent money to my friend but she says it never arrived.", "transfer_not_received_by_recipient"),
-    Example("I moved money into my account from my other bank and the balance has not changed.",
-            "balance_not_updated_after_bank_transfer"),
+    Example(
+        "I moved money into my account from my other bank and the balance has not changed.",
+        "balance_not_updated_after_bank_transfer",
+    ),
     Example("Is there a charge for using my card in a shop abroad? I see a fee.", "card_payment_fee_charged"),
     Example("My card was declined at the cash machine this morning.", "declined_cash_withdrawal"),
 )
 
 
-def build_banking77(data_dir: str | os.PathLike[str] | None = None, *, split: str = "test",
-                    n_private: int | None = None, n_test: int | None = None, seed: int = 0,
-                    score_kind: ScoreKind = "accuracy") -> ClassificationTask:
+def build_banking77(
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    split: str = "test",
+    n_private: int | None = None,
+    n_test: int | None = None,
+    seed: int = 0,
+    score_kind: ScoreKind = "accuracy",
+) -> ClassificationTask:
     """BANKING77 on 10 intents: ``train.tsv`` is the private pool, ``split`` ("test" or "dev") the test set."""
     if split not in ("test", "dev"):
         raise ValueError(f"split: use 'test' or 'dev', got {split!r}")
     root = resolve_data_dir(data_dir) / "banking77"
     return build_task_from_files(
-        "banking77", root / "train.tsv", root / f"{split}.tsv", public=list(BANKING77_PUBLIC_EXAMPLES),
-        labels=list(BANKING77_INTENTS), drop_other_labels=True, verbalizers=dict(BANKING77_INTENTS),
-        description=BANKING77_DESCRIPTION, record_template="Question: {text}\nIntent:",
-        score_kind=score_kind, seed_prompt="Read the question.", n_private=n_private, n_test=n_test, seed=seed,
+        "banking77",
+        root / "train.tsv",
+        root / f"{split}.tsv",
+        public=list(BANKING77_PUBLIC_EXAMPLES),
+        labels=list(BANKING77_INTENTS),
+        drop_other_labels=True,
+        verbalizers=dict(BANKING77_INTENTS),
+        description=BANKING77_DESCRIPTION,
+        record_template="Question: {text}\nIntent:",
+        score_kind=score_kind,
+        seed_prompt="Read the question.",
+        n_private=n_private,
+        n_test=n_test,
+        seed=seed,
     )
 
 
 # ----------------------------------------------------------------------------------
-_BUILDERS: Mapping[str, Callable[..., ClassificationTask]] = MappingProxyType({
-    "support": make_support_task,
-    "sst2": build_sst2,
-    "banking77": build_banking77,
-})
+_BUILDERS: Mapping[str, Callable[..., ClassificationTask]] = MappingProxyType(
+    {
+        "support": make_support_task,
+        "sst2": build_sst2,
+        "banking77": build_banking77,
+    }
+)
 
 
 def available_tasks() -> list[str]:
@@ -122,7 +163,7 @@ def available_tasks() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def get_task(name: str, **kwargs) -> ClassificationTask:
+def get_task(name: str, **kwargs: Any) -> ClassificationTask:
     """Build the task called ``name``; ``kwargs`` go to its builder (e.g. ``seed``, ``data_dir``)."""
     try:
         builder = _BUILDERS[name]

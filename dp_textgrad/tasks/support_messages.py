@@ -46,15 +46,13 @@ class Style:
 
 def private_style(hard_fraction: float) -> Style:
     """Private and test splits: fake personal data, typos, some all-lower-case messages."""
-    return Style(with_pii=True, hard_fraction=hard_fraction, typo_rate=0.25, lowercase_rate=0.12,
-                 framing_rate=1.0)
+    return Style(with_pii=True, hard_fraction=hard_fraction, typo_rate=0.25, lowercase_rate=0.12, framing_rate=1.0)
 
 
 def public_style(hard_fraction: float) -> Style:
     # Public records are curated: placeholders instead of personal data, rare typos, and
     # mostly just the request (short demonstrations suit a small model's context).
-    return Style(with_pii=False, hard_fraction=hard_fraction, typo_rate=0.05, lowercase_rate=0.0,
-                 framing_rate=0.2)
+    return Style(with_pii=False, hard_fraction=hard_fraction, typo_rate=0.05, lowercase_rate=0.0, framing_rate=0.2)
 
 
 def _typo(word: str, rng: random.Random) -> str:
@@ -64,9 +62,9 @@ def _typo(word: str, rng: random.Random) -> str:
     i = rng.randrange(1, len(word) - 1)
     kind = rng.randrange(3)
     if kind == 0:  # swap two neighbours
-        return word[:i] + word[i + 1] + word[i] + word[i + 2:]
+        return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
     if kind == 1:  # drop a letter
-        return word[:i] + word[i + 1:]
+        return word[:i] + word[i + 1 :]
     return word[:i] + word[i] + word[i:]  # double a letter
 
 

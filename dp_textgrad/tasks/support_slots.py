@@ -14,39 +14,153 @@ import random
 # Fake personal data. Names avoid ordinary English words ("Bill", "Grace", "Chase")
 # so tests can detect them with a regex.
 FIRST_NAMES = (
-    "Amara", "Bogdan", "Chiara", "Dmitri", "Elif", "Farouk", "Gunnar", "Hana", "Ishaan", "Jolene",
-    "Kwame", "Lucia", "Mateo", "Nadia", "Oskar", "Priya", "Quentin", "Rosalind", "Sven", "Tomasz",
-    "Ursula", "Vikram", "Weronika", "Ximena", "Yusuf", "Zofia", "Aiden", "Beatriz", "Connor", "Delphine",
-    "Emeka", "Freya", "Gideon", "Hiroshi", "Ingrid", "Jasper", "Keiko", "Leandro", "Maeve", "Nikhil",
+    "Amara",
+    "Bogdan",
+    "Chiara",
+    "Dmitri",
+    "Elif",
+    "Farouk",
+    "Gunnar",
+    "Hana",
+    "Ishaan",
+    "Jolene",
+    "Kwame",
+    "Lucia",
+    "Mateo",
+    "Nadia",
+    "Oskar",
+    "Priya",
+    "Quentin",
+    "Rosalind",
+    "Sven",
+    "Tomasz",
+    "Ursula",
+    "Vikram",
+    "Weronika",
+    "Ximena",
+    "Yusuf",
+    "Zofia",
+    "Aiden",
+    "Beatriz",
+    "Connor",
+    "Delphine",
+    "Emeka",
+    "Freya",
+    "Gideon",
+    "Hiroshi",
+    "Ingrid",
+    "Jasper",
+    "Keiko",
+    "Leandro",
+    "Maeve",
+    "Nikhil",
 )
 LAST_NAMES = (
-    "Okafor", "Lindqvist", "Moreau", "Kowalski", "Tanaka", "Haddad", "Fitzgerald", "Novak", "Ramirez",
-    "Schneider", "Oyelaran", "Castellano", "Petrov", "Nakamura", "Brennan", "Achterberg", "Varga",
-    "Quispe", "Sorensen", "Abernathy", "Rasmussen", "Teixeira", "Dubois", "Halloran", "Ivanova",
-    "Jaramillo", "Kaczmarek", "Lachance", "Mwangi", "Nieminen", "Ortega", "Pellegrini", "Rautio",
-    "Szabo", "Takahashi", "Udeh", "Valdivia", "Whitcombe",
+    "Okafor",
+    "Lindqvist",
+    "Moreau",
+    "Kowalski",
+    "Tanaka",
+    "Haddad",
+    "Fitzgerald",
+    "Novak",
+    "Ramirez",
+    "Schneider",
+    "Oyelaran",
+    "Castellano",
+    "Petrov",
+    "Nakamura",
+    "Brennan",
+    "Achterberg",
+    "Varga",
+    "Quispe",
+    "Sorensen",
+    "Abernathy",
+    "Rasmussen",
+    "Teixeira",
+    "Dubois",
+    "Halloran",
+    "Ivanova",
+    "Jaramillo",
+    "Kaczmarek",
+    "Lachance",
+    "Mwangi",
+    "Nieminen",
+    "Ortega",
+    "Pellegrini",
+    "Rautio",
+    "Szabo",
+    "Takahashi",
+    "Udeh",
+    "Valdivia",
+    "Whitcombe",
 )
-_STREETS = ("Maple", "Harbour", "Elm", "Kingfisher", "Station", "Mill", "Orchard", "Quarry", "Willow",
-            "Beacon", "Chestnut", "Foundry", "Heron", "Juniper")
+_STREETS = (
+    "Maple",
+    "Harbour",
+    "Elm",
+    "Kingfisher",
+    "Station",
+    "Mill",
+    "Orchard",
+    "Quarry",
+    "Willow",
+    "Beacon",
+    "Chestnut",
+    "Foundry",
+    "Heron",
+    "Juniper",
+)
 _STREET_KINDS = ("Road", "Street", "Lane", "Avenue", "Close", "Drive", "Way", "Crescent")
 _CITIES = ("Ashford", "Riverton", "Dunmore", "Lakeside", "Brampton", "Fairview", "Northgate", "Kelso")
 _EMAIL_DOMAINS = ("example.com", "example.net", "example.org", "mail.example", "inbox.test")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-           "October", "November", "December")
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 
 # Placeholders of the public split: same slots, no personal data.
 PUBLIC_PLACEHOLDERS = {
-    "name": "[name]", "first": "[first name]", "last": "[last name]", "phone": "[phone]",
-    "acct": "[account number]", "email": "[email]", "address": "[address]", "date": "[date]",
-    "date2": "[date]", "other_name": "[name]", "amount": "[amount]", "amount2": "[amount]", "card4": "[card digits]",
+    "name": "[name]",
+    "first": "[first name]",
+    "last": "[last name]",
+    "phone": "[phone]",
+    "acct": "[account number]",
+    "email": "[email]",
+    "address": "[address]",
+    "date": "[date]",
+    "date2": "[date]",
+    "other_name": "[name]",
+    "amount": "[amount]",
+    "amount2": "[amount]",
+    "card4": "[card digits]",
     "ref": "[reference]",
 }
 PII_SLOTS = frozenset(PUBLIC_PLACEHOLDERS)
 
 # Public, non-personal vocabulary shared by every split.
 VOCABULARY = {
-    "service": ("internet", "broadband", "fibre connection", "mobile plan", "TV package", "landline",
-                "phone contract", "streaming add-on", "home phone line"),
+    "service": (
+        "internet",
+        "broadband",
+        "fibre connection",
+        "mobile plan",
+        "TV package",
+        "landline",
+        "phone contract",
+        "streaming add-on",
+        "home phone line",
+    ),
     "device": ("router", "modem", "phone", "set-top box", "TV box", "wifi hub"),
     "app": ("the app", "the mobile app", "online banking", "the website", "the customer portal"),
     "rival": ("another provider", "a cheaper company", "a different network", "a competitor"),
@@ -69,32 +183,37 @@ def _fake_value(slot: str, rng: random.Random, person: tuple[str, str]) -> str:
     if slot == "last":
         return last
     if slot == "phone":
-        return rng.choice((
-            lambda: f"(555) 01{_digits(rng, 1)}-{_digits(rng, 4)}",
-            lambda: f"+44 7700 900{_digits(rng, 3)}",
-            lambda: f"07{_digits(rng, 3)} {_digits(rng, 6)}",
-            lambda: f"555-{_digits(rng, 3)}-{_digits(rng, 4)}",
-            lambda: f"+1 202 555 0{_digits(rng, 3)}",
-        ))()
+        return rng.choice(
+            (
+                lambda: f"(555) 01{_digits(rng, 1)}-{_digits(rng, 4)}",
+                lambda: f"+44 7700 900{_digits(rng, 3)}",
+                lambda: f"07{_digits(rng, 3)} {_digits(rng, 6)}",
+                lambda: f"555-{_digits(rng, 3)}-{_digits(rng, 4)}",
+                lambda: f"+1 202 555 0{_digits(rng, 3)}",
+            )
+        )()
     if slot == "acct":
-        return rng.choice((
-            lambda: _digits(rng, rng.choice((8, 10, 12))),
-            lambda: f"AC-{_digits(rng, 7)}",
-            lambda: f"{_digits(rng, 4)}-{_digits(rng, 4)}-{_digits(rng, 2)}",
-        ))()
+        return rng.choice(
+            (
+                lambda: _digits(rng, rng.choice((8, 10, 12))),
+                lambda: f"AC-{_digits(rng, 7)}",
+                lambda: f"{_digits(rng, 4)}-{_digits(rng, 4)}-{_digits(rng, 2)}",
+            )
+        )()
     if slot == "email":
         sep = rng.choice((".", "_", ""))
         return f"{first.lower()}{sep}{last.lower()}{rng.randrange(1, 99)}@{rng.choice(_EMAIL_DOMAINS)}"
     if slot == "address":
-        return (f"{rng.randrange(1, 240)} {rng.choice(_STREETS)} {rng.choice(_STREET_KINDS)}, "
-                f"{rng.choice(_CITIES)}")
+        return f"{rng.randrange(1, 240)} {rng.choice(_STREETS)} {rng.choice(_STREET_KINDS)}, {rng.choice(_CITIES)}"
     if slot in ("date", "date2"):
         day = rng.randrange(1, 29)
-        return rng.choice((
-            lambda: f"{rng.choice(_MONTHS)} {day}",
-            lambda: f"{day:02d}/{rng.randrange(1, 13):02d}/{rng.choice((2023, 2024, 2025))}",
-            lambda: f"the {day}{'th' if 4 <= day <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(day % 10, 'th')}",
-        ))()
+        return rng.choice(
+            (
+                lambda: f"{rng.choice(_MONTHS)} {day}",
+                lambda: f"{day:02d}/{rng.randrange(1, 13):02d}/{rng.choice((2023, 2024, 2025))}",
+                lambda: f"the {day}{'th' if 4 <= day <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(day % 10, 'th')}",
+            )
+        )()
     if slot in ("amount", "amount2"):
         currency = rng.choice(("$", "£", "€"))
         return f"{currency}{rng.randrange(5, 950)}.{_digits(rng, 2)}"
@@ -124,4 +243,3 @@ class SlotFiller(dict):
         value = _fake_value(slot, self._rng, self._person) if self._with_pii else PUBLIC_PLACEHOLDERS[slot]
         self[slot] = value
         return value
-

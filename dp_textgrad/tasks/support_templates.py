@@ -147,35 +147,70 @@ INDIRECT_REQUESTS: dict[str, tuple[str, ...]] = {
 
 # Hard cases: sentences that mention another label's topic but are not the request.
 NEGATIONS: dict[str, tuple[str, ...]] = {
-    "bill": ("This isn't about my bill, the charges are fine.", "I'm not disputing any payment.",
-             "Nothing is wrong with my billing,", "Not a billing question:"),
-    "tech": ("The internet itself works fine.", "It's not a technical problem, everything works.",
-             "My {device} is working, that's not the issue."),
-    "cancel": ("I'm not looking to cancel.", "I don't want to close my account,",
-               "Not cancelling anything,", "I am not leaving you,"),
-    "fraud": ("This isn't fraud, I recognise all my payments.", "Nothing suspicious has happened,",
-              "My card is not stolen,", "Not a scam report,"),
-    "update": ("I don't need to change any of my details.", "My address and phone are the same as before,",
-               "This isn't about updating my details,"),
+    "bill": (
+        "This isn't about my bill, the charges are fine.",
+        "I'm not disputing any payment.",
+        "Nothing is wrong with my billing,",
+        "Not a billing question:",
+    ),
+    "tech": (
+        "The internet itself works fine.",
+        "It's not a technical problem, everything works.",
+        "My {device} is working, that's not the issue.",
+    ),
+    "cancel": (
+        "I'm not looking to cancel.",
+        "I don't want to close my account,",
+        "Not cancelling anything,",
+        "I am not leaving you,",
+    ),
+    "fraud": (
+        "This isn't fraud, I recognise all my payments.",
+        "Nothing suspicious has happened,",
+        "My card is not stolen,",
+        "Not a scam report,",
+    ),
+    "update": (
+        "I don't need to change any of my details.",
+        "My address and phone are the same as before,",
+        "This isn't about updating my details,",
+    ),
 }
 BACKGROUND: dict[str, tuple[str, ...]] = {
-    "bill": ("I sorted my bill out with you last week, thanks for that.", "My bill is paid up to date.",
-             "I had a refund from you on {date} which was fine.", "I pay {amount} a month by direct debit."),
-    "tech": ("Last month my internet was down for a day but that's fixed now.",
-             "Your technician came on {date} and the {device} has worked since.",
-             "The app works fine for me otherwise."),
-    "cancel": ("I almost cancelled last year.", "I've been with you for ten years and never wanted to leave.",
-               "A friend told me to just cancel but I'd rather sort it out."),
-    "fraud": ("Last year my card was stolen and you handled it well.",
-              "I reported a scam call on {date} and that was all sorted.",
-              "I know you never ask for PINs, so I'm careful."),
-    "update": ("I updated my address last year.", "I changed my e-mail a while ago to {email}.",
-               "My details are all up to date."),
+    "bill": (
+        "I sorted my bill out with you last week, thanks for that.",
+        "My bill is paid up to date.",
+        "I had a refund from you on {date} which was fine.",
+        "I pay {amount} a month by direct debit.",
+    ),
+    "tech": (
+        "Last month my internet was down for a day but that's fixed now.",
+        "Your technician came on {date} and the {device} has worked since.",
+        "The app works fine for me otherwise.",
+    ),
+    "cancel": (
+        "I almost cancelled last year.",
+        "I've been with you for ten years and never wanted to leave.",
+        "A friend told me to just cancel but I'd rather sort it out.",
+    ),
+    "fraud": (
+        "Last year my card was stolen and you handled it well.",
+        "I reported a scam call on {date} and that was all sorted.",
+        "I know you never ask for PINs, so I'm careful.",
+    ),
+    "update": (
+        "I updated my address last year.",
+        "I changed my e-mail a while ago to {email}.",
+        "My details are all up to date.",
+    ),
 }
 # A threat or aside that names another topic after the real request.
 ASIDES: dict[str, tuple[str, ...]] = {
-    "cancel": ("If this isn't fixed soon I will cancel.", "Otherwise I'm going to close my account.",
-               "Sort it out or I'm switching to {rival}."),
+    "cancel": (
+        "If this isn't fixed soon I will cancel.",
+        "Otherwise I'm going to close my account.",
+        "Sort it out or I'm switching to {rival}.",
+    ),
     "bill": ("And I don't expect to pay for the days it didn't work.",),
     "tech": ("Your app is slow too but that's another story.",),
     "fraud": ("I'm not saying it's fraud, just want it explained.",),
@@ -190,18 +225,56 @@ ASIDE_FOR = {
     "cancel": ("update",),
 }
 
-GREETINGS = ("Hi,", "Hello,", "Good morning,", "Hey there,", "Dear support team,", "To whom it may concern,",
-             "Hi there.", "Hello support,", "Evening,")
-INTROS = ("This is {name}.", "My name is {name} and my account number is {acct}.", "{name} here (account {acct}).",
-          "I'm writing about account {acct}.", "It's {first} {last}, customer number {acct}.")
-CLOSINGS = ("Thanks.", "Thank you in advance!", "Please help asap.", "Cheers", "Appreciate it.",
-            "Many thanks for your help.", "Kind regards.", "Please get back to me.", "thx")
-SIGNOFFS = ("- {name}", "Regards, {name}", "Call me on {phone}.", "You can reach me at {email}.",
-            "{first}, {phone}", "Best, {name} ({email})")
+GREETINGS = (
+    "Hi,",
+    "Hello,",
+    "Good morning,",
+    "Hey there,",
+    "Dear support team,",
+    "To whom it may concern,",
+    "Hi there.",
+    "Hello support,",
+    "Evening,",
+)
+INTROS = (
+    "This is {name}.",
+    "My name is {name} and my account number is {acct}.",
+    "{name} here (account {acct}).",
+    "I'm writing about account {acct}.",
+    "It's {first} {last}, customer number {acct}.",
+)
+CLOSINGS = (
+    "Thanks.",
+    "Thank you in advance!",
+    "Please help asap.",
+    "Cheers",
+    "Appreciate it.",
+    "Many thanks for your help.",
+    "Kind regards.",
+    "Please get back to me.",
+    "thx",
+)
+SIGNOFFS = (
+    "- {name}",
+    "Regards, {name}",
+    "Call me on {phone}.",
+    "You can reach me at {email}.",
+    "{first}, {phone}",
+    "Best, {name} ({email})",
+)
 IDENTITY_LINES = ("My account number is {acct}.", "Account: {acct}", "Phone: {phone}", "- {name}")
 
 MISSPELLINGS = {
-    "receive": "recieve", "account": "acount", "internet": "intenet", "payment": "payemnt",
-    "cancel": "cancell", "definitely": "definately", "address": "adress", "because": "becuase",
-    "statement": "statment", "please": "pls", "connection": "conection", "transaction": "transation",
+    "receive": "recieve",
+    "account": "acount",
+    "internet": "intenet",
+    "payment": "payemnt",
+    "cancel": "cancell",
+    "definitely": "definately",
+    "address": "adress",
+    "because": "becuase",
+    "statement": "statment",
+    "please": "pls",
+    "connection": "conection",
+    "transaction": "transation",
 }

@@ -69,8 +69,9 @@ SUPPORT_SEED_PROMPT = "Read the message."
 DEFAULT_HARD_FRACTION = 0.45
 
 
-def generate_support_examples(n: int, seed: int, *, public: bool = False,
-                              hard_fraction: float = DEFAULT_HARD_FRACTION) -> list[Example]:
+def generate_support_examples(
+    n: int, seed: int, *, public: bool = False, hard_fraction: float = DEFAULT_HARD_FRACTION
+) -> list[Example]:
     """Support messages without building a task (``public=True``: placeholders, no personal data)."""
     style = public_style(hard_fraction) if public else private_style(hard_fraction)
     return generate_messages(n, random.Random(seed), style, set())
@@ -81,9 +82,15 @@ def _check_count(name: str, value: int, minimum: int) -> None:
         raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
 
 
-def make_support_task(seed: int = 0, n_private: int = 600, n_public: int = 40, n_test: int = 200,
-                      score_kind: ScoreKind = "accuracy", *,
-                      hard_fraction: float = DEFAULT_HARD_FRACTION) -> ClassificationTask:
+def make_support_task(
+    seed: int = 0,
+    n_private: int = 600,
+    n_public: int = 40,
+    n_test: int = 200,
+    score_kind: ScoreKind = "accuracy",
+    *,
+    hard_fraction: float = DEFAULT_HARD_FRACTION,
+) -> ClassificationTask:
     """The built-in private customer-support task (5 intents, fake personal data).
 
     ``seed`` fixes every split. The private split goes into a ``PrivateDataset``;

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 
 class LimitedLines:
     """Lines of a text file, each read with a length limit (a huge line is never read whole)."""
 
-    def __init__(self, handle, path: Path, limit: int) -> None:
+    def __init__(self, handle: TextIO, path: Path, limit: int) -> None:
         self.handle, self.path, self.limit, self.number = handle, path, limit, 0
 
-    def __iter__(self) -> "LimitedLines":
+    def __iter__(self) -> LimitedLines:
         return self
 
     def __next__(self) -> str:
@@ -27,25 +29,30 @@ class LimitedLines:
             raise StopIteration
         self.number += 1
         if len(line) > self.limit and not line.endswith("\n"):
-            raise ValueError(f"{self.path.name}: line {self.number} is longer than the limit of {self.limit:,} "
-                             "characters per record; shorten or drop that record (max_record_chars)")
+            raise ValueError(
+                f"{self.path.name}: line {self.number} is longer than the limit of {self.limit:,} "
+                "characters per record; shorten or drop that record (max_record_chars)"
+            )
         return line
 
 
-def decoding_errors(path: Path, encoding: str):
+def decoding_errors(path: Path, encoding: str) -> contextlib.AbstractContextManager[None]:
     """Turn a decoding failure into an error that names the file and the fix."""
 
     @contextlib.contextmanager
-    def guard():
+    def guard() -> Iterator[None]:
         try:
             yield
         except UnicodeDecodeError:
             # The decoder's position is inside its read buffer, not a line: find the line again.
             line = first_undecodable_line(path, encoding)
             where = f"line {line} is not" if line is not None else "not"
-            raise ValueError(f"{path.name}: {where} valid {encoding} text; if the file uses another encoding "
-                             f"set task.encoding in the run file or pass --encoding, e.g. --encoding latin-1 "
-                             f"(encoding= in Python)") from None
+            raise ValueError(
+                f"{path.name}: {where} valid {encoding} text; if the file uses another encoding "
+                f"set task.encoding in the run file or pass --encoding, e.g. --encoding latin-1 "
+                f"(encoding= in Python)"
+            ) from None
+
     return guard()
 
 

@@ -22,7 +22,7 @@ from dp_textgrad.dp_es.config import ConfigError, DPESConfig
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.privacy.accounting import default_accountants
-from dp_textgrad.privacy.accounting.events import _group_events
+from dp_textgrad.privacy.accounting.events import group_events
 from dp_textgrad.privacy.accounting.ledger import PrivacyLedger
 from dp_textgrad.tasks.synthetic import make_support_task
 from tests.twin import base_rows, run_twin
@@ -70,7 +70,7 @@ def test_the_ledger_is_the_plan_and_reports_the_two_stage_total(task) -> None:
     opt = make_opt(task, selection="permute_and_flip", final_selection="exponential", final_epsilon=0.2)
     opt.run()
     plan = opt.plan
-    assert _group_events(opt.ledger.events) == _group_events([plan.event])  # count included, atom for atom
+    assert group_events(opt.ledger.events) == group_events([plan.event])  # count included, atom for atom
     delta = opt.config.delta
     search = {a.name: a.epsilon([plan.search_event], delta) for a in default_accountants()}
     expected = {name: 0.1 + value for name, value in search.items()}
@@ -109,7 +109,7 @@ def test_the_count_is_kept_on_resume_never_recounted_or_recharged(task, tmp_path
     assert sum(e.metadata.get("mechanism") == "laplace_count" for e in resumed.ledger.entries) == 1
     resumed.run()
     assert sum(e.metadata.get("mechanism") == "laplace_count" for e in resumed.ledger.entries) == 1
-    assert _group_events(resumed.ledger.events) == _group_events([resumed.plan.event])
+    assert group_events(resumed.ledger.events) == group_events([resumed.plan.event])
 
 
 def test_a_counted_size_cannot_be_set_by_hand(task) -> None:

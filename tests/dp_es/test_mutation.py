@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
+import pathlib
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dp_textgrad.dp_es.mutation as mutation_package
 from dp_textgrad.dp_es.mutation import (
     DEFAULT_WEIGHTS,
+    OPERATORS,
     PROMPT_CLOSE,
     PROMPT_OPEN,
+    Edit,
+    FailedLLMEdit,
     MutationEngine,
+    PromptLayout,
     Scaffold,
     build_llm_prompt,
     candidate_text,
@@ -24,8 +32,8 @@ from dp_textgrad.dp_es.mutation import (
     split_sentences,
 )
 from dp_textgrad.dp_es.population import Candidate
-from dp_textgrad.privacy.data import Private, PrivateDataError, PrivateDataset, PublicText
 from dp_textgrad.engines.base import EngineError
+from dp_textgrad.privacy.data import Private, PrivateDataError, PrivateDataset, PublicText
 from dp_textgrad.tasks.base import Example
 from tests.fake_llm import FakeLLM
 
@@ -228,11 +236,11 @@ def test_children_differ_from_parents_and_each_other():
 def test_demo_operators_insert_swap_and_remove_public_demos():
     mutator = make_mutator(None, seed=0, weights=only("demo_insert"))
     with_demo = mutator.children([seed_candidate()], 1, 1)[0]
-    layout = parse_layout(with_demo.text, mutator.demo_pool)
+    layout = parse_layout(with_demo.text, mutator.context.demo_pool)
     assert layout.instruction == SEED_TEXT and len(layout.demos) == 1
     assert with_demo.operator_meta["demo_source"] == "public_example"
     swap = make_mutator(None, seed=0, weights=only("demo_swap")).children([with_demo], 1, 2)[0]
-    swapped = parse_layout(swap.text, mutator.demo_pool)
+    swapped = parse_layout(swap.text, mutator.context.demo_pool)
     assert len(swapped.demos) == 1 and swapped.demos != layout.demos
     removed = make_mutator(None, seed=0, weights=only("demo_remove")).children([with_demo], 1, 2)[0]
     assert removed.text == SEED_TEXT
@@ -243,7 +251,7 @@ def test_demo_insert_respects_max_demos():
     parent = seed_candidate()
     for generation in range(1, 5):
         parent = mutator.children([parent], 1, generation)[0]
-    assert len(parse_layout(parent.text, mutator.demo_pool).demos) <= 2
+    assert len(parse_layout(parent.text, mutator.context.demo_pool).demos) <= 2
 
 
 def test_verbaliser_hint_and_format_are_replaced_not_stacked():
@@ -439,7 +447,7 @@ def test_initial_variants_start_from_balanced_demonstration_sets():
     set_variants = [v for v in variants if v.operator == "demo_set"]
     assert len(set_variants) >= 2  # the 4-example pool holds only a few distinct balanced sets
     for variant in set_variants:
-        layout = mutator.layout(variant)
+        layout = mutator.context.layout(variant)
         assert layout.instruction == SEED_TEXT
         labels = [line.split("Topic: ")[1] for demo in layout.demos for line in demo.splitlines() if "Topic: " in line]
         per_label = variant.operator_meta["per_label"]
@@ -471,15 +479,16 @@ def test_base_model_follows_the_rewrite_and_crossover_patterns(llama_engine):
 def test_demo_set_is_balanced_public_and_keeps_the_instruction(seed):
     mutator = make_mutator(None, seed=seed, weights=only("demo_set"))
     child = mutator.children([seed_candidate()], 1, 1)[0]
-    layout = parse_layout(child.text, mutator.demo_pool)
+    layout = parse_layout(child.text, mutator.context.demo_pool)
     assert child.operator == "demo_set" and layout.instruction == SEED_TEXT
     per_label = child.operator_meta["per_label"]
-    labels = [mutator.demo_labels[i] for i in child.operator_meta["demo_pool_indices"]]
+    labels = [mutator.context.demo_labels[i] for i in child.operator_meta["demo_pool_indices"]]
     # every label as often as the pool allows: billing has 2 public examples, the others 1
     for label in LABELS:
         available = sum(ex.label == label for ex in PUBLIC)
         assert labels.count(label) == min(per_label, available)
-    assert all(mutator.demo_pool[i].source == "public_example" for i in child.operator_meta["demo_pool_indices"])
+    pool = mutator.context.demo_pool
+    assert all(pool[i].source == "public_example" for i in child.operator_meta["demo_pool_indices"])
     assert not child.unsafe
 
 
@@ -497,3 +506,41 @@ def test_no_llm_weights_keep_the_llm_out_of_mutation():
     children = mutator.children([seed_candidate()], 4, 1)
     assert children and llm.usage.calls == 0
     assert all(child.operator not in NO_LLM_WEIGHTS for child in children)
+
+
+# -- operators: a frozen context in, an edit out ----------------------------------------
+def test_operators_see_a_frozen_context_and_propose_edits_the_engine_accepts():
+    mutator = make_mutator()
+    context, seed = mutator.context, seed_candidate()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        context.max_prompt_chars = 10_000  # type: ignore[misc]
+    edit = OPERATORS["insert_phrase"].run(context, seed, [], ())
+    assert isinstance(edit, Edit) and edit.operator == "insert_phrase"
+    assert edit.text != seed.text and mutator.accept(edit, seed) is edit
+    # The engine, not the operator, enforces the limits: an edit past them is refused there.
+    too_long = Edit(PromptLayout(seed.text + " Read it." * 200), "insert_phrase", {})
+    assert mutator.accept(too_long, seed) is None
+
+
+def test_a_failed_llm_operator_says_why_and_the_engine_makes_the_rule_edit():
+    mutator = make_mutator(FakeLLM(fail_with=EngineError("down")), weights=only("llm_rewrite"))
+    failed = OPERATORS["llm_rewrite"].run(mutator.context, seed_candidate(), [], ())
+    assert isinstance(failed, FailedLLMEdit) and failed.reason == "engine_error:EngineError"
+    child = mutator.children([seed_candidate()], 1, 1)[0]
+    assert child.operator == "insert_phrase" and child.operator_meta["fallback_from"] == "llm_rewrite"
+
+
+def test_no_mutation_module_imports_the_mutation_engine_but_the_package():
+    """The operators, the context and the helpers sit below the MutationEngine: none of them
+    imports it (at the top, inside a function or for type checking), so there is no circle."""
+    package = pathlib.Path(mutation_package.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        if path.name in ("__init__.py", "mutation_engine.py"):
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+        assert not imported & {"dp_textgrad.dp_es.mutation.mutation_engine", "dp_textgrad.dp_es.mutation"}, path.name

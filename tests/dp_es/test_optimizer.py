@@ -16,7 +16,7 @@ from dp_textgrad.privacy.accounting import default_accountants
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.dp_es.plan import RunPlan
-from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent, _group_events
+from dp_textgrad.privacy.accounting.events import GumbelTopKDpEvent, PureDpEvent, group_events
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.tasks.base import ClassificationTask, Example
@@ -93,7 +93,7 @@ def test_ledger_equals_the_planned_event(task, settings) -> None:
     opt.run()
     # Same atoms with the same counts, not just the same epsilon: the plan is what ran (the DP count
     # of N first when N is not declared).
-    assert _group_events(opt.ledger.events) == _group_events([opt.plan.event])
+    assert group_events(opt.ledger.events) == group_events([opt.plan.event])
     assert (opt.plan.size_count is not None) == (settings.get("dataset_size", 300) is None)
     # The ledger's bounds are the plan's: the count's pure epsilon plus the search's (two stages).
     assert opt.ledger.epsilons() == pytest.approx(opt.plan.epsilons(opt.config.delta), rel=1e-6)
@@ -263,15 +263,15 @@ def test_unsafe_mode_is_marked(task) -> None:
 
 def test_unsafe_examples_sets_how_many_raw_records_reach_the_mutator(task) -> None:
     default, _ = make_opt(task, mode="unsafe")
-    assert len(default.mutation.unsafe_examples) == 8
+    assert len(default.mutation.context.unsafe_examples) == 8
     wide, _ = make_opt(task, mode="unsafe", unsafe_examples=40)
     private = [rec.unwrap() for rec in task.private_train]
-    assert len(wide.mutation.unsafe_examples) == 40
-    assert all(ex in private for ex in wide.mutation.unsafe_examples)
+    assert len(wide.mutation.context.unsafe_examples) == 40
+    assert all(ex in private for ex in wide.mutation.context.unsafe_examples)
     everything, _ = make_opt(task, mode="unsafe", unsafe_examples=10_000)  # capped at N
-    assert len(everything.mutation.unsafe_examples) == len(task.private_train)
+    assert len(everything.mutation.context.unsafe_examples) == len(task.private_train)
     public, _ = make_opt(task, unsafe_examples=40)  # ignored outside unsafe mode
-    assert public.mutation.unsafe_examples == []
+    assert list(public.mutation.context.unsafe_examples) == []
     with pytest.raises((ConfigError, ValueError), match="unsafe_examples"):
         make_opt(task, mode="unsafe", unsafe_examples=0)
 

@@ -13,7 +13,7 @@ import pytest
 from dp_textgrad.dp_es.mutation import NO_LLM_WEIGHTS, MutationEngine
 from dp_textgrad.dp_es.mutation.phrase_bank import INSTRUCTION_PHRASES
 from dp_textgrad.dp_es.mutation.readable import foreign_words, instruction_problems, task_vocabulary
-from dp_textgrad.dp_es.mutation.text_edits import PromptLayout
+from dp_textgrad.dp_es.mutation.text_edits import Edit, PromptLayout
 from dp_textgrad.dp_es.population import Candidate
 from dp_textgrad.privacy.data import PublicText
 from dp_textgrad.tasks import registry
@@ -61,24 +61,24 @@ def test_whole_sentences(sentence: str, why: str | None) -> None:
 def test_phrases_are_kept_only_for_tasks_whose_public_text_uses_their_words() -> None:
     support, _ = mutator_for("support")
     sst2, _ = mutator_for("sst2")
-    assert ROUTING in map(str, support.phrases) and ROUTING not in map(str, sst2.phrases)
-    assert len(sst2.phrases) < len(INSTRUCTION_PHRASES)
-    assert "Choose the most specific label that fits." in map(str, sst2.phrases)  # generic phrases stay
+    assert ROUTING in map(str, support.context.phrases) and ROUTING not in map(str, sst2.context.phrases)
+    assert len(sst2.context.phrases) < len(INSTRUCTION_PHRASES)
+    assert "Choose the most specific label that fits." in map(str, sst2.context.phrases)  # generic phrases stay
     for mutator in (support, sst2):
-        assert all(not foreign_words(str(p), mutator.vocabulary) for p in mutator.phrases)
+        assert all(not foreign_words(str(p), mutator.context.vocabulary) for p in mutator.context.phrases)
 
 
 def test_rule_edits_adding_a_foreign_phrase_or_a_fragment_are_refused() -> None:
     mutator, seed_prompt = mutator_for("sst2")
     seed = Candidate.new(seed_prompt, generation=0, operator="seed")
-    assert mutator.finish(PromptLayout(f"{seed_prompt} {ROUTING}"), seed, "insert_phrase", {}) is None
-    assert mutator.finish(PromptLayout(f"{seed_prompt} a positive one."), seed, "insert_phrase", {}) is None
-    kept = mutator.finish(PromptLayout(f"{seed_prompt} Choose the most specific label that fits."), seed,
-                          "insert_phrase", {})
+    assert mutator.accept(Edit(PromptLayout(f"{seed_prompt} {ROUTING}"), "insert_phrase", {}), seed) is None
+    assert mutator.accept(Edit(PromptLayout(f"{seed_prompt} a positive one."), "insert_phrase", {}), seed) is None
+    kept = mutator.accept(Edit(PromptLayout(f"{seed_prompt} Choose the most specific label that fits."),
+                               "insert_phrase", {}), seed)
     assert kept is not None
     # an LLM rewrite may use new words, but not fragments
-    assert mutator.finish(PromptLayout("Judge what the critic thinks of the film."), seed, "llm_rewrite", {})
-    assert mutator.finish(PromptLayout("Judge the film. and the critic."), seed, "llm_rewrite", {}) is None
+    assert mutator.accept(Edit(PromptLayout("Judge what the critic thinks of the film."), "llm_rewrite", {}), seed)
+    assert mutator.accept(Edit(PromptLayout("Judge the film. and the critic."), "llm_rewrite", {}), seed) is None
 
 
 def test_a_users_own_seed_prompt_is_not_judged() -> None:
@@ -95,7 +95,8 @@ def test_generations_of_rule_edits_on_builtin_tasks_read_well(name: str) -> None
     for generation in range(1, 7):
         children = mutator.children(parents, 8, generation)
         for child in children:
-            assert instruction_problems(mutator.layout(child).instruction, mutator.vocabulary) == [], child.text
+            context = mutator.context
+            assert instruction_problems(context.layout(child).instruction, context.vocabulary) == [], child.text
         seen += len(children)
         parents = children[:3] or parents
     assert seen >= 30

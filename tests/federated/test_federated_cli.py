@@ -6,8 +6,9 @@ import json
 
 from typer.testing import CliRunner
 
-from dp_textgrad import builders, cli
+from dp_textgrad import cli
 from dp_textgrad.engines.scripted import ScriptedEngine
+from dp_textgrad.settings import EngineSection
 from tests.helpers import support_cue_rule
 
 runner = CliRunner()
@@ -24,7 +25,7 @@ def test_split_then_federated_run_on_the_silo_files(tmp_path, monkeypatch) -> No
                                     "--out", str(silos_dir)])
     assert split.exit_code == 0, split.output
     assert sorted(p.name for p in silos_dir.iterdir()) == ["silo-1.csv", "silo-2.csv", "silo-3.csv", "silos.yaml"]
-    monkeypatch.setattr(builders, "make_engine", scripted)  # the engine federated runs build
+    monkeypatch.setattr(EngineSection, "build", scripted)  # the engine federated runs build
     result = runner.invoke(cli.app, ["federated", "--silos", str(silos_dir / "silos.yaml"), "--placement", "local",
                                      "--transport", "in_process", "--generations", "1", "--population", "3",
                                      "--epsilon", "2", "--runs-root", str(tmp_path / "runs")])
@@ -57,7 +58,7 @@ def test_an_interrupted_federated_run_resumes_without_resetting_a_budget(tmp_pat
     silos_dir = tmp_path / "silos"
     assert runner.invoke(cli.app, ["federated-split", "--task", "support", "--silos", "3", "--alpha", "0.5",
                                    "--out", str(silos_dir)]).exit_code == 0
-    monkeypatch.setattr(builders, "make_engine", scripted)  # the engine federated runs build
+    monkeypatch.setattr(EngineSection, "build", scripted)  # the engine federated runs build
     step = DPEvolutionStrategy.step
 
     def step_then_interrupt(self):

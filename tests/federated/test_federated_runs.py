@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from dp_textgrad import DPEvolutionStrategy
+from dp_textgrad import DPEvolutionStrategy, RunOutcome
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.federated import FederatedScoring, InProcessSilos, RemoteRecords, Silo, SiloRefused, SiloState
@@ -152,6 +152,9 @@ def test_run_federated_in_process_writes_the_guarantees(task, tmp_path) -> None:
     assert together["epsilon"] <= 2.0 + 1e-6 < alone["epsilon"]
     assert "seconds" not in written  # operator-only
     assert (outcome.run_dir / "released_prompt.txt").read_text().strip() == outcome.result.prompt
+    # One outcome type for every run: the coordinator's RunOutcome, with what federation.json holds.
+    assert isinstance(outcome, RunOutcome) and outcome.federation["guarantees"] == written["guarantees"]
+    assert outcome.evaluation is not None and outcome.federation["seconds"] == outcome.seconds
 
 
 def flower_settings(tmp_path, generations: int, placement: str = "local", secure_aggregation: bool = False):

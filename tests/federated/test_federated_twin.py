@@ -21,7 +21,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from dp_textgrad import builders, cli
+from dp_textgrad import cli
+from dp_textgrad.settings import EngineSection
 from tests.twin import LengthTimedEngine, base_rows, collect, long_record, masked_differences, write_rows
 
 
@@ -54,7 +55,7 @@ def federated_twin(root, rows_per_silo, monkeypatch, placement: str):
         f"output: {{runs_root: {(root / 'runs').as_posix()}}}\n"
         f"federation:\n  placement: {placement}\n  transport: in_process\n  silos:\n" + "\n".join(silo_lines) + "\n",
         encoding="utf-8")
-    monkeypatch.setattr(builders, "make_engine", lambda section: LengthTimedEngine())
+    monkeypatch.setattr(EngineSection, "build", lambda section: LengthTimedEngine())
     result = CliRunner().invoke(cli.app, ["federated", "--silos", str(settings)])
     run_dirs = [p for p in (root / "runs").glob("federated-*") if p.is_dir()]
     assert len(run_dirs) == 1, result.output

@@ -177,8 +177,8 @@ def test_gumbel_rdp_uses_smallest_curve():
 
 def test_neighbouring_relation_is_add_or_remove_everywhere():
     add_remove = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
-    assert dpa_extensions._ExtendedPldAccountant(1e-4).neighboring_relation == add_remove
-    assert dpa_extensions._ExtendedRdpAccountant(DEFAULT_RDP_ORDERS).neighboring_relation == add_remove
+    assert dpa_extensions.ExtendedPldAccountant(1e-4).neighboring_relation == add_remove
+    assert dpa_extensions.ExtendedRdpAccountant(DEFAULT_RDP_ORDERS).neighboring_relation == add_remove
     # REPLACE_ONE would double the Gaussian sensitivity in PLD (but not RDP): we match
     # the add/remove analytic value, which REPLACE_ONE could not
     replace = dpa.pld.PLDAccountant(dpa.NeighboringRelation.REPLACE_ONE).compose(G(1.0)).get_epsilon(1e-5)
@@ -335,7 +335,7 @@ class _FixedAccountant(Accountant):
         self.per_event = per_event
 
     def epsilon(self, events, delta):
-        return self.per_event * sum(n for _, n in events_mod._group_events(events))
+        return self.per_event * sum(n for _, n in events_mod.group_events(events))
 
     def supports(self, event):
         return True

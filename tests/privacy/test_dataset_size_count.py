@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.privacy.accounting import default_accountants
-from dp_textgrad.privacy.accounting.events import _group_events
+from dp_textgrad.privacy.accounting.events import group_events
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism
 from dp_textgrad.privacy.noise import NoiseSource
@@ -159,7 +159,7 @@ def test_an_undeclared_size_puts_the_count_first_in_the_plan() -> None:
     config = DPESConfig(epsilon=2.0, delta=1e-5, **SCHEDULE)
     plan = RunPlan.calibrated(config)
     assert plan.size_count == LaplaceCountMechanism(0.1)
-    assert _group_events([plan.event]) == _group_events([plan.size_count.event(), plan.search_event])
+    assert group_events([plan.event]) == group_events([plan.size_count.event(), plan.search_event])
     total = two_stage_total(plan, 1e-5)
     assert total <= 2.0 + 1e-9 and total > 1.95  # fits by basic composition, wastes nothing
     assert plan.epsilons(1e-5) == pytest.approx(

@@ -164,8 +164,9 @@ def test_an_engine_failing_on_the_third_private_record_keeps_the_charge_and_resu
     from typer.testing import CliRunner
 
     from dp_textgrad import cli
+    from dp_textgrad.settings import EngineSection
 
-    monkeypatch.setattr(cli, "make_engine", lambda section: LengthTimedEngine())
+    monkeypatch.setattr(EngineSection, "build", lambda section: LengthTimedEngine())
     resumed = CliRunner().invoke(cli.app, ["optimize", "--resume", str(run_dir)])
     # The failed step's charge stays spent and is taken over, not paid again: the engine's
     # scores are deterministic, so the same secret subsample is scored again and the noise
@@ -188,10 +189,11 @@ def test_an_engine_failing_on_the_third_private_record_keeps_the_charge_and_resu
 DRIVER_IMPORTS = textwrap.dedent("""
     import sys
     from dp_textgrad import cli
+    from dp_textgrad.settings import EngineSection
     from tests.privacy.test_release_boundary import failing_on_third_private_record
 """)
 DRIVER = textwrap.dedent("""
-    cli.make_engine = lambda section: failing_on_third_private_record()()
+    EngineSection.build = lambda section: failing_on_third_private_record()()
     sys.argv = ["dp-textgrad", "--debug", "optimize", "--config", sys.argv[1]]
     cli.app()
 """)

@@ -25,7 +25,7 @@ from dp_textgrad.privacy.accounting import (
     RdpAccountant,
     smallest_bound,
 )
-from dp_textgrad.privacy.accounting.bounds import _all_bounds, default_accountants
+from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountants
 from dp_textgrad.privacy.accounting.calibration import calibrate_pure_epsilon
 from dp_textgrad.privacy.accounting.dpa_extensions import (
     _gumbel_top_k_rdp,
@@ -192,7 +192,7 @@ def test_long_runs_at_small_rates_are_decided_by_bounded_range() -> None:
     # 2.472 (the pair's exact value, tests/exact_pure_dp.py; it cannot see bounded range);
     # RDP with Zhu-Wang on the zCDP curve gives 1.339.
     event = sampled(0.01, GumbelTopKDpEvent(1.0, 2), 1000)
-    bounds = _all_bounds(default_accountants(), [event], DELTA)
+    bounds = all_bounds(default_accountants(), [event], DELTA)
     assert bounds["rdp"] == pytest.approx(1.339, abs=1e-3)
     assert bounds["pld"] == pytest.approx(2.472, abs=0.001)
     assert smallest_bound([event], DELTA) == bounds["rdp"]

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli
+from dp_textgrad.settings import EngineSection
 from dp_textgrad.settings import TaskSection, build_settings, read_config_file
 from dp_textgrad.tasks.loaders import MAX_RECORD_CHARS, load_classification_file
 
@@ -25,7 +26,7 @@ def test_latin1_file_names_the_file_and_the_encoding_flag(tmp_path) -> None:
 
 
 def test_cli_bad_encoding_is_exit_2_before_any_run(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "make_engine", lambda section: pytest.fail("no engine for bad input"))
+    monkeypatch.setattr(EngineSection, "build", lambda section: pytest.fail("no engine for bad input"))
     train = tmp_path / "train.csv"
     train.write_bytes("text,label\nd\xe9j\xe0 vu,bill\n".encode("latin-1"))
     (tmp_path / "test.csv").write_text("text,label\nhello,bill\n", encoding="utf-8")

@@ -4,12 +4,16 @@ Modules, bottom up:
 
 - ``phrase_bank``: public phrases and few-shot worked examples written for this library;
 - ``barrier``: :func:`build_llm_prompt`, the only way text reaches a mutation or critique LLM;
-- ``text_edits``: pure string work (LLM answer parsing, sentences, the prompt layout);
+- ``text_edits``: pure string work (LLM answer parsing, sentences, the prompt layout) and
+  what an operator answers: an ``Edit`` (a proposed child) or a ``FailedLLMEdit``;
+- ``context``: :class:`MutationContext`, the frozen public inputs, limits and seeded rng
+  that are all an operator sees;
 - ``llm_operators`` and ``operators``: the operators and their registry (``OPERATORS``);
-- ``mutator``: :class:`MutationEngine`, which draws operators and makes children;
 - ``feedback``: :class:`FeedbackSanitiser` (hygiene only) and :func:`render_confusion`
   (DP confusion matrix to sentences, free post-processing);
-- ``critique``: :class:`CritiquePipeline`, LLM advice per parent.
+- ``critique``: :class:`CritiquePipeline`, LLM advice per parent;
+- ``mutation_engine``: :class:`MutationEngine`, which holds the context, the sanitiser and
+  the critique pipeline, draws operators, accepts their edits and makes children.
 """
 
 from dp_textgrad.dp_es.mutation.barrier import (
@@ -19,6 +23,7 @@ from dp_textgrad.dp_es.mutation.barrier import (
     candidate_text,
     check_public,
 )
+from dp_textgrad.dp_es.mutation.context import MutationContext
 from dp_textgrad.dp_es.mutation.critique import CritiquePipeline, extract_critique
 from dp_textgrad.dp_es.mutation.feedback import (
     FeedbackSanitiser,
@@ -38,6 +43,8 @@ from dp_textgrad.dp_es.mutation.operators import (
 from dp_textgrad.dp_es.mutation.text_edits import (
     PROMPT_CLOSE,
     PROMPT_OPEN,
+    Edit,
+    FailedLLMEdit,
     PromptLayout,
     extract_prompt,
     is_degenerate,
@@ -46,9 +53,32 @@ from dp_textgrad.dp_es.mutation.text_edits import (
 )
 
 __all__ = [
-    "DEFAULT_WEIGHTS", "LLM_OPERATORS", "NO_LLM_WEIGHTS", "OPERATORS", "PROMPT_CLOSE", "PROMPT_OPEN",
-    "RULE_OPERATORS", "CritiquePipeline", "Feedback", "FeedbackSanitiser", "MutationEngine", "Operator",
-    "PromptLayout", "Scaffold", "build_llm_prompt", "candidate_text", "check_public", "extract_critique",
-    "extract_prompt", "is_degenerate", "parse_layout", "render_confusion", "scrub_pii", "split_sentences",
+    "DEFAULT_WEIGHTS",
+    "LLM_OPERATORS",
+    "NO_LLM_WEIGHTS",
+    "OPERATORS",
+    "PROMPT_CLOSE",
+    "PROMPT_OPEN",
+    "RULE_OPERATORS",
+    "CritiquePipeline",
+    "Edit",
+    "FailedLLMEdit",
+    "Feedback",
+    "FeedbackSanitiser",
+    "MutationContext",
+    "MutationEngine",
+    "Operator",
+    "PromptLayout",
+    "Scaffold",
+    "build_llm_prompt",
+    "candidate_text",
+    "check_public",
+    "extract_critique",
+    "extract_prompt",
+    "is_degenerate",
+    "parse_layout",
+    "render_confusion",
+    "scrub_pii",
+    "split_sentences",
     "truncate_text",
 ]

@@ -34,7 +34,7 @@ class Scaffold(str):
     Only constants written into the code are Scaffold; data never is.
     """
 
-    def __new__(cls, text: str) -> "Scaffold":
+    def __new__(cls, text: str) -> Scaffold:
         if isinstance(text, (Private, PrivateDataset, PrivateBatch)):
             raise PrivateDataError("private data cannot be used as prompt scaffolding")
         if isinstance(text, PublicText):

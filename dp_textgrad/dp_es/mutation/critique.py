@@ -52,18 +52,30 @@ class CritiquePipeline:
     prompts; ``rng`` (seeded, non-private) draws the LLM sampling seeds.
     """
 
-    def __init__(self, engine: "Engine", sanitiser: FeedbackSanitiser, max_critiques: int = 3, *,
-                 task_description: PublicText | None = None, rng: np.random.Generator | None = None,
-                 temperature: float = 0.7, max_tokens: int = 60, max_feedback_items: int = 3,
-                 min_chars: int = 15) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        sanitiser: FeedbackSanitiser,
+        max_critiques: int = 3,
+        *,
+        task_description: PublicText | None = None,
+        rng: np.random.Generator | None = None,
+        temperature: float = 0.7,
+        max_tokens: int = 60,
+        max_feedback_items: int = 3,
+        min_chars: int = 15,
+    ) -> None:
         if max_critiques < 0:
             raise ValueError(f"max_critiques: must be >= 0, got {max_critiques}")
         self.engine = engine
         self.sanitiser = sanitiser
         self.mode = sanitiser.mode
         self.max_critiques = max_critiques
-        self.task_description = (None if task_description is None else
-                                 check_public(task_description, mode=self.mode, field_name="task_description"))
+        self.task_description = (
+            None
+            if task_description is None
+            else check_public(task_description, mode=self.mode, field_name="task_description")
+        )
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -75,8 +87,9 @@ class CritiquePipeline:
         by_parent = self.critiques_by_parent(parents, dp_feedback)
         return [c for p in parents for c in by_parent.get(p.id, [])]
 
-    def critiques_by_parent(self, parents: Sequence[Candidate], dp_feedback: Feedback = ()
-                            ) -> dict[str, list[PublicText]]:
+    def critiques_by_parent(
+        self, parents: Sequence[Candidate], dp_feedback: Feedback = ()
+    ) -> dict[str, list[PublicText]]:
         """Parent id -> its critiques (empty where the LLM gave nothing usable).
 
         ``dp_feedback``: sentences for all parents, or a mapping parent id -> sentences.
@@ -99,12 +112,16 @@ class CritiquePipeline:
         stats = self.sanitiser.sanitise_all(
             check_public(f, mode=self.mode, field_name="dp_feedback") for f in dp_feedback
         )[: self.max_feedback_items]
-        parts: list[Scaffold | PublicText] = [Scaffold(
-            "A reviewer reads an instruction for a text classifier and statistics about its mistakes, "
-            "then gives one piece of advice to improve the instruction.\n\n")]
+        parts: list[Scaffold | PublicText] = [
+            Scaffold(
+                "A reviewer reads an instruction for a text classifier and statistics about its mistakes, "
+                "then gives one piece of advice to improve the instruction.\n\n"
+            )
+        ]
         for task, instruction, statistics, advice in CRITIQUE_EXAMPLES:
-            parts.append(Scaffold(f"Task: {task}\nInstruction: {instruction}\nStatistics: {statistics}\n"
-                                  f"Advice: {advice}\n\n"))
+            parts.append(
+                Scaffold(f"Task: {task}\nInstruction: {instruction}\nStatistics: {statistics}\nAdvice: {advice}\n\n")
+            )
         if self.task_description is not None:
             parts += [Scaffold("Task: "), oneline(self.task_description, 400), Scaffold("\n")]
         parts += [Scaffold("Instruction: "), oneline(prompt_text, 500), Scaffold("\nStatistics:")]
@@ -117,8 +134,9 @@ class CritiquePipeline:
         prompt = build_llm_prompt(parts, mode=self.mode)
         seed = int(self.rng.integers(2**31 - 1))
         try:
-            raw = self.engine.generate(prompt, temperature=self.temperature, max_tokens=self.max_tokens,
-                                       seed=seed, stop=["\n"])
+            raw = self.engine.generate(
+                prompt, temperature=self.temperature, max_tokens=self.max_tokens, seed=seed, stop=["\n"]
+            )
         except PrivateDataError:
             raise
         except Exception:  # a failed critique only means less advice, never a failed run

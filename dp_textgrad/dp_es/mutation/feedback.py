@@ -1,4 +1,4 @@
-"""Feedback text for the mutator: sanitising it, and rendering DP statistics as sentences.
+"""Feedback text for the MutationEngine: sanitising it, and rendering DP statistics as sentences.
 
 ``FeedbackSanitiser`` is HYGIENE ONLY. Its length limit, PII scrubbing and
 provenance check catch accidents (an LLM echoing an e-mail address from a public
@@ -34,15 +34,22 @@ PUBLIC_FEEDBACK_SOURCES = frozenset({"dp", "llm", "phrase_bank", "user", "public
 _PII_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("email", re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"), "[email]"),
     ("url", re.compile(r"\b(?:https?://|www\.)[^\s<>\"]+", re.IGNORECASE), "[url]"),
-    ("address", re.compile(
-        r"\b\d{1,5}[A-Za-z]?\s+(?:[A-Za-z][\w'.-]*\s+){1,3}"
-        r"(?:street|st|avenue|ave|road|rd|boulevard|blvd|lane|ln|drive|dr|court|ct|way|place|pl|"
-        r"terrace|close|crescent|square|sq|highway|hwy)\b\.?"
-        r"(?:,?\s*(?:apt|apartment|suite|unit|flat)\.?\s*#?\w+)?",
-        re.IGNORECASE), "[address]"),
-    ("phone", re.compile(
-        r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{1,4}\)[\s.-]?)?\d{2,4}(?:[\s.-]\d{2,4}){1,4}(?![\w])"),
-     "[phone]"),
+    (
+        "address",
+        re.compile(
+            r"\b\d{1,5}[A-Za-z]?\s+(?:[A-Za-z][\w'.-]*\s+){1,3}"
+            r"(?:street|st|avenue|ave|road|rd|boulevard|blvd|lane|ln|drive|dr|court|ct|way|place|pl|"
+            r"terrace|close|crescent|square|sq|highway|hwy)\b\.?"
+            r"(?:,?\s*(?:apt|apartment|suite|unit|flat)\.?\s*#?\w+)?",
+            re.IGNORECASE,
+        ),
+        "[address]",
+    ),
+    (
+        "phone",
+        re.compile(r"(?<![\w+])(?:\+\d{1,3}[\s.-]?)?(?:\(\d{1,4}\)[\s.-]?)?\d{2,4}(?:[\s.-]\d{2,4}){1,4}(?![\w])"),
+        "[phone]",
+    ),
     ("account", re.compile(r"(?<![\w-])(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*(?![\w-])"), "[id]"),
     ("ticket", re.compile(r"#\s?\d{3,}\b"), "[id]"),
     ("digits", re.compile(r"\d{5,}"), "[number]"),
@@ -64,17 +71,20 @@ def scrub_pii(text: str, keep_terms: Iterable[str] = ()) -> tuple[str, dict[str,
     keep = {t.casefold() for t in keep_terms if t}
     counts: dict[str, int] = {}
     for kind, pattern, placeholder in _PII_PATTERNS:
+
         def replace(match: re.Match[str], kind: str = kind, placeholder: str = placeholder) -> str:
             found = match.group(0)
             if found.casefold() in keep:
                 return found
             if kind == "phone" and sum(ch.isdigit() for ch in found) < _PHONE_MIN_DIGITS:
                 return found
-            if kind == "account" and (len(found) < _ACCOUNT_MIN_LENGTH
-                                      or sum(ch.isdigit() for ch in found) < _ACCOUNT_MIN_DIGITS):
+            if kind == "account" and (
+                len(found) < _ACCOUNT_MIN_LENGTH or sum(ch.isdigit() for ch in found) < _ACCOUNT_MIN_DIGITS
+            ):
                 return found
             counts[kind] = counts.get(kind, 0) + 1
             return placeholder
+
         text = pattern.sub(replace, text)
     return text, counts
 
@@ -99,9 +109,15 @@ class FeedbackSanitiser:
     This is NOT a privacy mechanism and is never counted as one.
     """
 
-    def __init__(self, max_chars: int = 300, *, mode: FeedbackMode = "public",
-                 allowed_sources: Iterable[str] | None = None, keep_terms: Iterable[str] = (),
-                 min_chars: int = 3) -> None:
+    def __init__(
+        self,
+        max_chars: int = 300,
+        *,
+        mode: FeedbackMode = "public",
+        allowed_sources: Iterable[str] | None = None,
+        keep_terms: Iterable[str] = (),
+        min_chars: int = 3,
+    ) -> None:
         check_mode(mode)
         if max_chars < 10:
             raise ValueError(f"max_chars: must be at least 10, got {max_chars}")
@@ -165,10 +181,18 @@ def _percent(fraction: float) -> str:
     return f"{round(100 * fraction)}%"
 
 
-def render_confusion(noisy_confusion: np.ndarray, labels: Sequence[str], expected_batch_size: float | None = None,
-                     *, noise_std: float | None = None, threshold_stds: float = 2.0, min_count: float = 1.0,
-                     min_fraction: float = 0.05, max_sentences: int = 6, item_noun: str = "messages"
-                     ) -> list[PublicText]:
+def render_confusion(
+    noisy_confusion: np.ndarray,
+    labels: Sequence[str],
+    expected_batch_size: float | None = None,
+    *,
+    noise_std: float | None = None,
+    threshold_stds: float = 2.0,
+    min_count: float = 1.0,
+    min_fraction: float = 0.05,
+    max_sentences: int = 6,
+    item_noun: str = "messages",
+) -> list[PublicText]:
     """Short public sentences about a DP-released noisy confusion matrix.
 
     ``noisy_confusion[g, p]``: noisy count of records with gold label ``g`` predicted
@@ -180,8 +204,9 @@ def render_confusion(noisy_confusion: np.ndarray, labels: Sequence[str], expecte
     matrix = np.asarray(noisy_confusion, dtype=float)
     n_labels = len(labels)
     if matrix.ndim != 2 or matrix.shape != (n_labels, n_labels):
-        raise ValueError(f"noisy_confusion: expected shape ({n_labels}, {n_labels}) for {n_labels} labels, "
-                         f"got {matrix.shape}")
+        raise ValueError(
+            f"noisy_confusion: expected shape ({n_labels}, {n_labels}) for {n_labels} labels, got {matrix.shape}"
+        )
     if not np.all(np.isfinite(matrix)):
         raise ValueError("noisy_confusion: contains nan or inf; pass the released matrix unchanged")
     if noise_std is not None and (not math.isfinite(noise_std) or noise_std < 0):
@@ -210,8 +235,10 @@ def render_confusion(noisy_confusion: np.ndarray, labels: Sequence[str], expecte
             share_pred = col_totals[p] / total
             share_gold = row_totals[p] / total
             if col_totals[p] >= row_floor and share_pred >= 1.5 * share_gold + min_fraction:
-                sentences.append(f"'{labels[p]}' is predicted much more often than it occurs "
-                                 f"(about {_percent(share_pred)} of answers, {_percent(share_gold)} of {item_noun}).")
+                sentences.append(
+                    f"'{labels[p]}' is predicted much more often than it occurs "
+                    f"(about {_percent(share_pred)} of answers, {_percent(share_gold)} of {item_noun})."
+                )
 
     confusions = []
     for g in range(n_labels):

@@ -1,17 +1,20 @@
 """The MutationEngine: makes children of candidate prompts from public information only.
 
 It validates its inputs at the barrier (public text, public examples, DP feedback;
-raw private examples only in ``mode="unsafe"``), draws an operator by weight from
-the registry in ``operators.py``, and turns the operator's edit into a
-:class:`~dp_textgrad.dp_es.population.Candidate`. A failed LLM operator falls back
+raw private examples only in ``mode="unsafe"``) into a frozen
+:class:`~dp_textgrad.dp_es.mutation.context.MutationContext`, the only thing the
+operators see; draws an operator by weight from the registry in ``operators.py``;
+accepts or refuses the edit the operator proposes, and turns it into a
+:class:`~dp_textgrad.dp_es.population.Candidate`. A failed or refused LLM edit falls back
 to a rule edit here, recorded in the child's ``operator_meta``. All non-private
-randomness comes from the seeded ``rng`` given to the mutator.
+randomness comes from the seeded ``rng`` given to the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +25,9 @@ from dp_textgrad.dp_es.mutation.barrier import (
     check_mode,
     check_public,
 )
+from dp_textgrad.dp_es.mutation.context import MutationContext
+from dp_textgrad.dp_es.mutation.critique import CritiquePipeline
+from dp_textgrad.dp_es.mutation.feedback import FeedbackSanitiser
 from dp_textgrad.dp_es.mutation.operators import (
     DEFAULT_WEIGHTS,
     OPERATORS,
@@ -32,12 +38,7 @@ from dp_textgrad.dp_es.mutation.phrase_bank import (
     INSTRUCTION_PHRASES,
 )
 from dp_textgrad.dp_es.mutation.readable import foreign_words, instruction_problems, task_vocabulary
-from dp_textgrad.dp_es.mutation.text_edits import (
-    Edit,
-    PromptLayout,
-    norm_block,
-    parse_layout,
-)
+from dp_textgrad.dp_es.mutation.text_edits import Edit, FailedLLMEdit, norm_block
 from dp_textgrad.dp_es.population import Candidate, normalise_text
 from dp_textgrad.privacy.data import (
     Private,
@@ -66,12 +67,14 @@ class MutationEngine:
     ``engine=None`` disables the LLM operators; ``weights`` override the operators'
     default weights (see ``operators.OPERATORS``; ``NO_LLM_WEIGHTS`` turns the LLM off).
     ``structured_start``: the initial variants are balanced demonstration sets (see
-    :meth:`variants`).
+    :meth:`variants`). ``sanitiser`` cleans the DP feedback before it is used (default: one
+    for this ``mode`` that keeps the label names); ``critique``, when given, asks the LLM
+    for advice on each parent from that feedback (:meth:`offspring`).
     """
 
     def __init__(
         self,
-        engine: "Engine | None",
+        engine: Engine | None,
         task_description: PublicText,
         labels: Sequence[str],
         public_examples: Sequence[Example],
@@ -89,49 +92,69 @@ class MutationEngine:
         examples_in_prompt: int | None = None,
         temperature: float = 0.8,
         max_tokens: int = 120,
+        sanitiser: FeedbackSanitiser | None = None,
+        critique: CritiquePipeline | None = None,
     ) -> None:
         check_mode(mode)
-        self.mode: FeedbackMode = mode
-        self.task_description = check_public(task_description, mode=mode, field_name="task_description")
+        task_description = check_public(task_description, mode=mode, field_name="task_description")
         if len(labels) < 2:
             raise ValueError("labels: give the public label names (at least two)")
-        self.labels = [check_public(PublicText(str(lab), "user"), mode=mode) for lab in labels]
+        public_labels = tuple(check_public(PublicText(str(lab), "user"), mode=mode) for lab in labels)
         if unsafe_examples and mode != "unsafe":
             raise PrivateDataError("unsafe_examples: raw private examples are only allowed with mode='unsafe'")
-        self.engine = engine
-        self.rng = rng
-        self.render_demo = render_demo or _default_render_demo
-        self.public_examples = [self._public_example(ex, "public_examples") for ex in public_examples]
-        self.unsafe_examples = [self._public_example(ex, "unsafe_examples") for ex in unsafe_examples]
-        # The demo pool: rendered text with provenance.
-        self.demo_pool: list[PublicText] = [
-            PublicText(norm_block(self.render_demo(ex)), "public_example") for ex in self.public_examples
-        ] + [PublicText(norm_block(self.render_demo(ex)), "unsafe") for ex in self.unsafe_examples]
-        self.demo_labels = [ex.label for ex in self.public_examples] + [ex.label for ex in self.unsafe_examples]
+        render_demo = render_demo or _default_render_demo
+        public = tuple(self._public_example(ex, "public_examples") for ex in public_examples)
+        unsafe = tuple(self._public_example(ex, "unsafe_examples") for ex in unsafe_examples)
         # Words of the task's public text: phrase-bank sentences and rule edits stay within them.
-        self.vocabulary = task_vocabulary(str(self.task_description), [str(lab) for lab in self.labels],
-                                          [ex.text for ex in self.public_examples])
-        self.phrases = [PublicText(p, "phrase_bank") for p in INSTRUCTION_PHRASES
-                        if not foreign_words(p, self.vocabulary)]
-        self.formats = [PublicText(p, "phrase_bank") for p in FORMAT_INSTRUCTIONS]
+        vocabulary = task_vocabulary(
+            str(task_description), [str(lab) for lab in public_labels], [ex.text for ex in public]
+        )
         self.weights = self._resolve_weights(weights)
         if max_prompt_chars < 50:
             raise ValueError(f"max_prompt_chars: must be at least 50, got {max_prompt_chars}")
-        self.max_prompt_chars = max_prompt_chars
-        self.min_instruction_chars = min_instruction_chars
-        self.max_demos = max_demos
         self.structured_start = structured_start
-        self.max_feedback_items = max_feedback_items
-        self.examples_in_prompt = (2 if mode == "unsafe" else 0) if examples_in_prompt is None else examples_in_prompt
-        self.temperature = temperature
-        self.max_tokens = max_tokens
+        self.sanitiser = sanitiser or FeedbackSanitiser(mode=mode, keep_terms=[str(lab) for lab in public_labels])
+        self.critique = critique
+        self.context = MutationContext(
+            engine=engine,
+            rng=rng,
+            mode=mode,
+            task_description=task_description,
+            labels=public_labels,
+            public_examples=public,
+            unsafe_examples=unsafe,
+            # The demo pool: rendered text with provenance, and the labels of its demos.
+            demo_pool=tuple(PublicText(norm_block(render_demo(ex)), "public_example") for ex in public)
+            + tuple(PublicText(norm_block(render_demo(ex)), "unsafe") for ex in unsafe),
+            demo_labels=tuple(ex.label for ex in public + unsafe),
+            vocabulary=vocabulary,
+            phrases=tuple(
+                PublicText(p, "phrase_bank") for p in INSTRUCTION_PHRASES if not foreign_words(p, vocabulary)
+            ),
+            formats=tuple(PublicText(p, "phrase_bank") for p in FORMAT_INSTRUCTIONS),
+            max_prompt_chars=max_prompt_chars,
+            min_instruction_chars=min_instruction_chars,
+            max_demos=max_demos,
+            max_feedback_items=max_feedback_items,
+            examples_in_prompt=(2 if mode == "unsafe" else 0) if examples_in_prompt is None else examples_in_prompt,
+            temperature=temperature,
+            max_tokens=max_tokens,
+        )
+
+    # The public generator and validated inputs the operators share (the audit's replay of variants reads them).
+    rng = property(lambda self: self.context.rng)
+    mode = property(lambda self: self.context.mode)
+    task_description = property(lambda self: self.context.task_description)
+    labels = property(lambda self: self.context.labels)
 
     # -- construction helpers ---------------------------------------------------------
     @staticmethod
     def _public_example(example: object, field_name: str) -> Example:
         if isinstance(example, (Private, PrivateDataset, PrivateBatch)):
-            raise PrivateDataError(f"{field_name}: got a Private record; only the controller may unwrap "
-                                   "records, and only for unsafe_examples in mode='unsafe'")
+            raise PrivateDataError(
+                f"{field_name}: got a Private record; only the controller may unwrap "
+                "records, and only for unsafe_examples in mode='unsafe'"
+            )
         if not isinstance(example, Example):
             raise TypeError(f"{field_name}: expected Example objects, got {type(example).__name__}")
         return example
@@ -165,7 +188,7 @@ class MutationEngine:
             for _ in range(2 * n):
                 if len(out) >= n:
                     break
-                edit = OPERATORS["demo_set"].run(self, seed, [], ())
+                edit = self._apply(OPERATORS["demo_set"].run(self.context, seed, [], ()), seed)
                 if edit is None:
                     break
                 child = self._candidate(edit, [seed], generation)
@@ -174,8 +197,30 @@ class MutationEngine:
                     out.append(child)
         return out + self.children([seed], n - len(out), generation, exclude=seen)
 
-    def children(self, parents: Sequence[Candidate], n: int, generation: int,
-                 feedback: Feedback = (), exclude: Collection[str] = ()) -> list[Candidate]:
+    def offspring(
+        self, parents: Sequence[Candidate], n: int, generation: int, dp_feedback: Mapping[str, Sequence[PublicText]]
+    ) -> list[Candidate]:
+        """Children of the chosen ``parents`` for generation ``generation``.
+
+        ``dp_feedback``: parent id -> sentences rendered from DP releases. They are
+        sanitised, the critique pipeline (if any) adds its advice per parent, and each
+        parent's children are written from its feedback (:meth:`children`).
+        """
+        cleaned = {cid: self.sanitiser.sanitise_all(sentences) for cid, sentences in dp_feedback.items()}
+        critiques: dict[str, list[PublicText]] = {}
+        if self.critique is not None:
+            critiques = self.critique.critiques_by_parent(parents, cleaned)
+        feedback = {p.id: list(cleaned.get(p.id, [])) + list(critiques.get(p.id, [])) for p in parents}
+        return self.children(parents, n, generation, feedback=feedback)
+
+    def children(
+        self,
+        parents: Sequence[Candidate],
+        n: int,
+        generation: int,
+        feedback: Feedback = (),
+        exclude: Collection[str] = (),
+    ) -> list[Candidate]:
         """Up to ``n`` distinct children (different from their parents, ``exclude`` and each other).
 
         ``feedback``: public/DP sentences for all parents, or a mapping parent id ->
@@ -202,93 +247,104 @@ class MutationEngine:
             out.append(child)
         return out
 
-    def mutate(self, primary: Candidate, parents: Sequence[Candidate], generation: int,
-               feedback: Sequence[PublicText] = ()) -> Candidate | None:
+    def mutate(
+        self, primary: Candidate, parents: Sequence[Candidate], generation: int, feedback: Sequence[PublicText] = ()
+    ) -> Candidate | None:
         """One child of ``primary`` (``parents`` supply crossover partners); None if nothing applies."""
         check_public(candidate_text(primary), mode=self.mode, field_name=f"parent {primary.id}")
         feedback = [check_public(f, mode=self.mode, field_name="feedback") for f in feedback]
         partners = [p for p in parents if p.key != primary.key]
-        weights = {name: w for name, w in self.weights.items()
-                   if w > 0 and self._applicable(name, primary, partners)}
+        weights = {name: w for name, w in self.weights.items() if w > 0 and self._applicable(name, primary, partners)}
         while weights:
             names = list(weights)
             probs = np.array([weights[name] for name in names]) / sum(weights.values())
             name = names[int(self.rng.choice(len(names), p=probs))]
-            result = OPERATORS[name].run(self, primary, partners, feedback)
-            if result is not None:
-                used = [primary] + ([p for p in partners if p.id in result.meta.get("partner_ids", ())])
-                return self._candidate(result, used, generation)
+            edit = self._apply(OPERATORS[name].run(self.context, primary, partners, feedback), primary)
+            if edit is not None:
+                used = [primary] + ([p for p in partners if p.id in edit.meta.get("partner_ids", ())])
+                return self._candidate(edit, used, generation)
             del weights[name]
         return None
 
     @staticmethod
     def _candidate(edit: Edit, used: Sequence[Candidate], generation: int) -> Candidate:
         """The child an edit of ``used[0]`` (with partners ``used[1:]``) makes."""
-        return Candidate.new(edit.text, generation=generation, operator=edit.operator,
-                             parent_ids=[p.id for p in used], operator_meta=edit.meta,
-                             unsafe=edit.used_unsafe or any(p.unsafe for p in used))
+        return Candidate.new(
+            edit.text,
+            generation=generation,
+            operator=edit.operator,
+            parent_ids=[p.id for p in used],
+            operator_meta=edit.meta,
+            unsafe=edit.used_unsafe or any(p.unsafe for p in used),
+        )
 
-    # -- for the operators ------------------------------------------------------------
-    def layout(self, candidate: Candidate) -> PromptLayout:
-        """``candidate``'s prompt split into instruction and demos of this mutator's pool."""
-        return parse_layout(candidate.text, self.demo_pool)
+    # -- accepting edits -------------------------------------------------------------
+    def _apply(self, outcome: Edit | FailedLLMEdit | None, primary: Candidate) -> Edit | None:
+        """The accepted edit an operator's outcome makes: its own, or a rule edit in place of a
+        failed or refused LLM edit; None when there is none."""
+        if isinstance(outcome, Edit):
+            accepted = self.accept(outcome, primary)
+            if accepted is not None or not OPERATORS[outcome.operator].uses_llm:
+                return accepted
+            outcome = FailedLLMEdit(outcome.operator, "rejected", outcome.meta, outcome.used_unsafe, outcome.partners)
+        if isinstance(outcome, FailedLLMEdit):
+            return self._fallback(primary, outcome)
+        return None
 
-    def unused_demos(self, layout: PromptLayout) -> list[PublicText]:
-        """Demos of the pool that ``layout`` does not hold yet."""
-        present = {normalise_text(d) for d in layout.demos}
-        return [d for d in self.demo_pool if normalise_text(d) not in present]
-
-    def finish(self, layout: PromptLayout, primary: Candidate, operator: str, meta: dict[str, Any],
-               used_unsafe: bool = False, partners: Sequence[Candidate] = ()) -> Edit | None:
-        """Accept an edited layout if it is non-empty, new, within the length limit and adds no
-        fragment (or, for rule edits, no word foreign to the task) that no parent had."""
-        text = layout.compose()
-        if not layout.instruction.strip() and not layout.demos:
+    def accept(self, edit: Edit, primary: Candidate) -> Edit | None:
+        """``edit`` if its prompt is non-empty, new, within the length limit and adds no fragment
+        (or, for rule edits, no word foreign to the task) that no parent had; else None."""
+        context, text = self.context, edit.text
+        if not edit.layout.instruction.strip() and not edit.layout.demos:
             return None
-        if len(text) > self.max_prompt_chars or normalise_text(text) == primary.key:
+        if len(text) > context.max_prompt_chars or normalise_text(text) == primary.key:
             return None
-        vocabulary = None if getattr(OPERATORS.get(operator), "uses_llm", False) else self.vocabulary
-        before = {problem for parent in (primary, *partners)
-                  for problem in instruction_problems(self.layout(parent).instruction, vocabulary)}
-        if set(instruction_problems(layout.instruction, vocabulary)) - before:
+        vocabulary = None if getattr(OPERATORS.get(edit.operator), "uses_llm", False) else context.vocabulary
+        before = {
+            problem
+            for parent in (primary, *edit.partners)
+            for problem in instruction_problems(context.layout(parent).instruction, vocabulary)
+        }
+        if set(instruction_problems(edit.layout.instruction, vocabulary)) - before:
             return None
-        return Edit(text, operator, meta, used_unsafe)
+        return edit
 
-    def fallback(self, primary: Candidate, partners: Sequence[Candidate], source_op: str, reason: str,
-                 meta: dict[str, Any], used_unsafe: bool) -> Edit | None:
-        """A rule edit in place of a failed LLM call, recorded in operator_meta.
+    def _fallback(self, primary: Candidate, failed: FailedLLMEdit) -> Edit | None:
+        """A rule edit in place of a failed LLM edit, recorded in operator_meta.
 
         With a partner, rule crossovers come first (whatever their weight); then the
         other applicable rule edits in a weighted random order.
         """
-        names = [name for name in RULE_OPERATORS
-                 if not OPERATORS[name].needs_partner and self.weights[name] > 0
-                 and self._applicable(name, primary, [])]
-        order = [name for name in RULE_OPERATORS if OPERATORS[name].needs_partner] if partners else []
+        names = [
+            name
+            for name in RULE_OPERATORS
+            if not OPERATORS[name].needs_partner and self.weights[name] > 0 and self._applicable(name, primary, [])
+        ]
+        order = [name for name in RULE_OPERATORS if OPERATORS[name].needs_partner] if failed.partners else []
         if names:
             probs = np.array([self.weights[name] for name in names]) / sum(self.weights[name] for name in names)
             order += [names[i] for i in self.rng.choice(len(names), size=len(names), replace=False, p=probs)]
         for name in order:
-            result = OPERATORS[name].run(self, primary, partners, ())
+            outcome = OPERATORS[name].run(self.context, primary, failed.partners, ())
+            result = self.accept(outcome, primary) if isinstance(outcome, Edit) else None
             if result is None:
                 continue
-            merged = {**meta, **result.meta, "fallback_from": source_op, "fallback_reason": reason}
-            if not OPERATORS[result.operator].needs_partner and "partner_ids" in meta:
+            merged = {**failed.meta, **result.meta, "fallback_from": failed.operator, "fallback_reason": failed.reason}
+            if not OPERATORS[result.operator].needs_partner and "partner_ids" in failed.meta:
                 merged["attempted_partner_ids"] = merged.pop("partner_ids")  # the child has one parent
-            return Edit(result.text, result.operator, merged, used_unsafe or result.used_unsafe)
+            return replace(result, meta=merged, used_unsafe=failed.used_unsafe or result.used_unsafe)
         return None
 
     # -- helpers ----------------------------------------------------------------------
     def _applicable(self, name: str, primary: Candidate, partners: Sequence[Candidate]) -> bool:
         operator = OPERATORS[name]
-        if operator.uses_llm and self.engine is None:
+        if operator.uses_llm and self.context.engine is None:
             return False
         if operator.needs_partner:
             return bool(partners)
-        return operator.applies(self, self.layout(primary))
+        return operator.applies(self.context, self.context.layout(primary))
 
-    def _feedback_by_parent(self, parents: Sequence[Candidate], feedback: Feedback
-                            ) -> dict[str, list[PublicText]]:
+    def _feedback_by_parent(self, parents: Sequence[Candidate], feedback: Feedback) -> dict[str, list[PublicText]]:
         if isinstance(feedback, Mapping):
             out = {}
             for pid, items in feedback.items():

@@ -1,7 +1,7 @@
-"""Public text the mutator may use: phrases, format instructions and worked examples.
+"""Public text the MutationEngine may use: phrases, format instructions and worked examples.
 
 Everything here was written for this library and contains no data from any user
-or dataset, so it is public by construction. A mutator uses only the phrases whose
+or dataset, so it is public by construction. A MutationEngine uses only the phrases whose
 words its task's public text also uses (``readable.py``): the message-oriented ones do
 not reach a film-review task. Rule edits insert these phrases into
 candidate prompts, and the LLM prompts use the worked examples as few-shot
@@ -67,8 +67,7 @@ CROSSOVER_EXAMPLES: tuple[tuple[str, str, str, str], ...] = (
         "Sort customer emails about an online shop into order, delivery or account.",
         "Classify the email by its topic. Answer with the label only.",
         "Questions about where a parcel is are delivery. Ignore greetings and signatures.",
-        "Classify the email by its topic. Questions about where a parcel is are delivery. "
-        "Answer with the label only.",
+        "Classify the email by its topic. Questions about where a parcel is are delivery. Answer with the label only.",
     ),
 )
 

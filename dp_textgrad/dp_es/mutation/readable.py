@@ -11,7 +11,7 @@ pasted into another task. Two checks keep rule edits from producing that:
   examples. A phrase-bank sentence about routing support messages is foreign to a film
   review task, and "positive" is foreign to a support task.
 
-The mutator drops phrase-bank sentences foreign to its task, and rejects any edit that
+The MutationEngine drops phrase-bank sentences foreign to its task, and rejects any edit that
 adds a problem its parent did not have (a user's own seed prompt is never judged).
 LLM rewrites get the whole-sentence check only: an instruction-following model may
 rightly use words the task description does not.
@@ -30,7 +30,8 @@ _STARTS_WELL = re.compile(r"^[\"'(\[]?[A-Z0-9]")
 _ENDS_WELL = re.compile(r"[.!?:][\"')\]]?$")
 
 # Words any classification instruction may use, whatever its domain.
-GENERIC_WORDS = frozenset("""
+GENERIC_WORDS = frozenset(
+    """
 a about above after all also an and answer answers any are as at attention be before being both but by can
 careful case category choose class classify consider content decide deciding describe describes detail details
 do does each either else every exactly explanation few first fit fits focus for from give given guess have
@@ -40,7 +41,8 @@ output over pay person personal possible problem read reply rather seem sentence
 side single so some specific state stated surface than that the their them then there these they think this
 those to tone topic topics two type upper use used usually valid what when where whether which while who
 whole why will with without word words would write writer writing written you your
-""".split())
+""".split()
+)
 
 
 def _words(text: str) -> list[str]:
@@ -58,8 +60,13 @@ def _stem(word: str) -> str:
 def task_vocabulary(description: str, labels: Iterable[str], examples: Iterable[str] = ()) -> frozenset[str]:
     """The (stemmed) words a task's public text uses, plus the generic instruction words."""
     words = set(GENERIC_WORDS)
-    for source in [description, *labels, *examples, *FORMAT_INSTRUCTIONS,
-                   *(hint.replace("{labels}", "") for hint in VERBALISER_HINTS)]:
+    for source in [
+        description,
+        *labels,
+        *examples,
+        *FORMAT_INSTRUCTIONS,
+        *(hint.replace("{labels}", "") for hint in VERBALISER_HINTS),
+    ]:
         words.update(_words(str(source)))
     return frozenset(_stem(w) for w in words)
 

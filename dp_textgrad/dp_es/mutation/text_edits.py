@@ -1,4 +1,5 @@
-"""Pure string work of the mutator: parsing LLM answers, sentences, the prompt layout.
+"""Pure string work of mutation: parsing LLM answers, sentences, the prompt layout, and
+what an operator answers (:class:`Edit`, :class:`FailedLLMEdit`).
 
 Nothing here draws random numbers or calls an LLM. A candidate prompt is laid out
 as an ``instruction`` followed by demo blocks, separated by blank lines; demo blocks
@@ -13,26 +14,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dp_textgrad.dp_es.mutation.phrase_bank import VERBALISER_HINTS
-from dp_textgrad.dp_es.population import normalise_text
+from dp_textgrad.dp_es.population import Candidate, normalise_text
 
 PROMPT_OPEN = "<PROMPT>"
 PROMPT_CLOSE = "</PROMPT>"
 
 
-@dataclass(frozen=True)
-class Edit:
-    """The outcome of one operator: new text, what was done, whether unsafe text was used."""
-
-    text: str
-    operator: str
-    meta: dict[str, Any]
-    used_unsafe: bool = False
-
-
 # -- parsing LLM output ---------------------------------------------------------------
 _CONTINUATION_MARKERS = (
-    "\nTask:", "\nInstruction:", "\nInstruction A:", "\nInstruction B:", "\nFeedback:",
-    "\nImproved instruction:", "\nCombined instruction:", "\nExamples:",
+    "\nTask:",
+    "\nInstruction:",
+    "\nInstruction A:",
+    "\nInstruction B:",
+    "\nFeedback:",
+    "\nImproved instruction:",
+    "\nCombined instruction:",
+    "\nExamples:",
 )
 _LEADING_LABEL = re.compile(r"^(?:improved|combined|new)?\s*instruction\s*:\s*", re.IGNORECASE)
 
@@ -48,7 +45,7 @@ def extract_prompt(raw: str) -> str:
     if close_at >= 0 and (open_at < 0 or close_at < open_at):
         text = text[:close_at]
     elif open_at >= 0:
-        before, after = text[:open_at], text[open_at + len(PROMPT_OPEN):]
+        before, after = text[:open_at], text[open_at + len(PROMPT_OPEN) :]
         close_at = after.find(PROMPT_CLOSE)
         if close_at >= 0:
             after = after[:close_at]
@@ -76,7 +73,7 @@ def is_degenerate(text: str) -> bool:
 
 def word_ngrams(text: str, n: int = 5) -> set[tuple[str, ...]]:
     words = re.findall(r"[a-z0-9']+", text.casefold())
-    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
 def copies_worked_example(text: str, worked: Sequence[str], inputs: Sequence[str], n: int = 5) -> bool:
@@ -144,10 +141,44 @@ class PromptLayout:
         return "\n\n".join(blocks)
 
 
+@dataclass(frozen=True)
+class Edit:
+    """What one operator proposes: the edited layout of its primary parent, the operator's
+    name and metadata, whether unsafe text went in, and the ``partners`` (other parents)
+    whose text it used. The MutationEngine accepts or refuses it and records the child."""
+
+    layout: PromptLayout
+    operator: str
+    meta: dict[str, Any]
+    used_unsafe: bool = False
+    partners: tuple[Candidate, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """The child's prompt."""
+        return self.layout.compose()
+
+
+@dataclass(frozen=True)
+class FailedLLMEdit:
+    """An LLM operator's call failed or its answer was unusable: a rule edit replaces it.
+
+    ``reason`` and ``meta`` are recorded in the replacement child's ``operator_meta``;
+    ``partners``: the second parent an LLM crossover tried (rule crossovers come first then).
+    """
+
+    operator: str
+    reason: str
+    meta: dict[str, Any]
+    used_unsafe: bool = False
+    partners: tuple[Candidate, ...] = ()
+
+
 def parse_layout(text: str, known_demos: Sequence[str]) -> PromptLayout:
     """Blocks (separated by blank lines) that equal a known demo are demos; the rest is instruction."""
     known = {normalise_text(d) for d in known_demos}
-    instruction, demos = [], []
+    instruction: list[str] = []
+    demos: list[str] = []
     for block in re.split(r"\n\s*\n", text):
         if not block.strip():
             continue

@@ -19,19 +19,19 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from dp_textgrad.privacy.accounting.dpa_extensions import (
-    _ExtendedPldAccountant,
-    _ExtendedRdpAccountant,
-    _pure_picks,
-    _quiet_absl_convergence,
+    ExtendedPldAccountant,
+    ExtendedRdpAccountant,
+    pure_picks,
+    quiet_absl_convergence,
 )
 from dp_textgrad.privacy.accounting.events import (
     GumbelTopKDpEvent,
     UnsupportedEventError,
-    _check_delta,
-    _contains_own_event,
-    _group_events,
-    _pure_epsilon,
-    _validate_events,
+    check_delta,
+    contains_own_event,
+    group_events,
+    pure_epsilon_of,
+    validate_events,
 )
 
 DEFAULT_RDP_ORDERS: tuple[float, ...] = tuple(rdp_lib.DEFAULT_RDP_ORDERS)
@@ -43,7 +43,7 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4
 DEFAULT_PLD_RELATIVE_DISCRETIZATION = 2e-3
 _COARSE_STEPS = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4)
 _FINEST_STEP = 1e-7  # the finest grid a tiny epsilon is refined to
-_TINY_STEPS = 100    # an epsilon under this many default grid steps is refined
+_TINY_STEPS = 100  # an epsilon under this many default grid steps is refined
 _EXACT_GAUSSIAN_MIN_SIGMA = 0.5  # below this, merged plain Gaussians are self-composed instead
 # Pure-DP parts (connect-the-dots PLDs, a few points each) get a grid this many times finer than
 # their smallest per-step privacy loss: the discretization error then stays far below 1% of
@@ -66,23 +66,23 @@ def _parts(event: dpe.DpEvent) -> int:
     return 1
 
 
-def _has_gaussian(event: dpe.DpEvent) -> bool:
+def has_gaussian(event: dpe.DpEvent) -> bool:
     if isinstance(event, dpe.GaussianDpEvent):
         return True
     inner = getattr(event, "events", None)
     if inner is not None:
-        return any(_has_gaussian(e) for e in inner)
+        return any(has_gaussian(e) for e in inner)
     nested = getattr(event, "event", None)
-    return nested is not None and _has_gaussian(nested)
+    return nested is not None and has_gaussian(nested)
 
 
 def _pure_loss_scale(atom: dpe.DpEvent) -> float | None:
     """The largest privacy loss of one run of a pure-DP ``atom`` (None if it is not one of ours)."""
-    if not _contains_own_event(atom):
+    if not contains_own_event(atom):
         return None
     if isinstance(atom, dpe.PoissonSampledDpEvent):
-        return _pure_epsilon(atom)  # ln(1 + q (e^(m eps0) - 1)): the dominating pair's largest loss
-    picks = _pure_picks(atom)
+        return pure_epsilon_of(atom)  # ln(1 + q (e^(m eps0) - 1)): the dominating pair's largest loss
+    picks = pure_picks(atom)
     return None if not picks else min(picks)
 
 
@@ -146,7 +146,7 @@ class RdpAccountant(Accountant):
     _curves: dict[tuple[tuple[float, ...], str, str], np.ndarray] = {}
 
     def supports(self, event: dpe.DpEvent) -> bool:
-        return _ExtendedRdpAccountant(self.orders).supports(event)
+        return ExtendedRdpAccountant(self.orders).supports(event)
 
     def _unit_curve(self, atom: dpe.DpEvent) -> np.ndarray:
         """RDP curve of one run of ``atom`` (memoised: subsampled-Gaussian curves are slow).
@@ -157,8 +157,8 @@ class RdpAccountant(Accountant):
         cache = RdpAccountant._curves
         curve = cache.get(key)
         if curve is None:
-            accountant = _ExtendedRdpAccountant(self.orders)
-            with _quiet_absl_convergence():
+            accountant = ExtendedRdpAccountant(self.orders)
+            with quiet_absl_convergence():
                 accountant.compose(atom, 1)
             curve = np.array(accountant.rdp, dtype=np.float64)
             curve.setflags(write=False)
@@ -169,7 +169,7 @@ class RdpAccountant(Accountant):
 
     def rdp_curve(self, events: Sequence[dpe.DpEvent]) -> np.ndarray:
         """The composed RDP value at each of ``self.orders``."""
-        groups = _group_events(_validate_events(events))
+        groups = group_events(validate_events(events))
         self._require_supported(groups)
         total = np.zeros(len(self.orders), dtype=np.float64)
         for atom, count in groups:
@@ -177,7 +177,7 @@ class RdpAccountant(Accountant):
         return total
 
     def epsilon(self, events: Sequence[dpe.DpEvent], delta: float) -> float:
-        delta = _check_delta(delta)
+        delta = check_delta(delta)
         curve = self.rdp_curve(events)
         eps, _ = rdp_lib.compute_epsilon(self.orders, curve, delta)
         return float(eps)
@@ -204,24 +204,29 @@ class PldAccountant(Accountant):
     # Process-wide memo of pure results: (discretization, event type, repr, count) -> PLD.
     _shared: dict[tuple[float, str, str, int], tuple[pld_lib.PrivacyLossDistribution, bool]] = {}
 
-    def __init__(self, value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
-                 relative_discretization: float | None = DEFAULT_PLD_RELATIVE_DISCRETIZATION) -> None:
+    def __init__(
+        self,
+        value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
+        relative_discretization: float | None = DEFAULT_PLD_RELATIVE_DISCRETIZATION,
+    ) -> None:
         if not (isinstance(value_discretization_interval, numbers.Real) and 0 < value_discretization_interval < 1):
-            raise ValueError(
-                f"value_discretization_interval: must be in (0, 1), got {value_discretization_interval!r}"
-            )
-        if relative_discretization is not None and not (isinstance(relative_discretization, numbers.Real)
-                                                        and 0 < relative_discretization < 1):
+            raise ValueError(f"value_discretization_interval: must be in (0, 1), got {value_discretization_interval!r}")
+        if relative_discretization is not None and not (
+            isinstance(relative_discretization, numbers.Real) and 0 < relative_discretization < 1
+        ):
             raise ValueError(f"relative_discretization: must be in (0, 1) or None, got {relative_discretization!r}")
-        self.value_discretization_interval = float(value_discretization_interval)
-        self.relative_discretization = None if relative_discretization is None else float(relative_discretization)
+        self.value_discretization_interval: float = float(value_discretization_interval)
+        self.relative_discretization: float | None = (
+            None if relative_discretization is None else float(relative_discretization)
+        )
         self.name = "pld"
 
     def supports(self, event: dpe.DpEvent) -> bool:
-        return _ExtendedPldAccountant(self.value_discretization_interval).supports(event)
+        return ExtendedPldAccountant(self.value_discretization_interval).supports(event)
 
-    def _build(self, atom: dpe.DpEvent, count: int,
-               interval: float | None = None) -> tuple[pld_lib.PrivacyLossDistribution, bool]:
+    def _build(
+        self, atom: dpe.DpEvent, count: int, interval: float | None = None
+    ) -> tuple[pld_lib.PrivacyLossDistribution, bool]:
         """PLD of ``count`` runs of ``atom`` on a grid of step ``interval`` and whether it is non-private."""
         interval = self.value_discretization_interval if interval is None else interval
         key = (interval, f"{type(atom).__module__}.{type(atom).__qualname__}", repr(atom), count)
@@ -239,7 +244,7 @@ class PldAccountant(Accountant):
                 single, non_private = self._build(atom, 1, interval)
                 built = (single.self_compose(count), non_private)
             else:
-                accountant = _ExtendedPldAccountant(interval)
+                accountant = ExtendedPldAccountant(interval)
                 accountant.compose(atom, count)
                 built = (accountant._pld, accountant._contains_non_dp_event)
             if len(cache) >= self._CACHE_LIMIT:
@@ -254,12 +259,12 @@ class PldAccountant(Accountant):
         so the grid adds at most that share (every grid gives a valid, pessimistic bound; a
         finer one is only tighter). Otherwise the default grid, refined for a tiny epsilon
         and, in pure plans, to 1/20 of the smallest per-step loss and to at most r x epsilon."""
-        delta = _check_delta(delta)
-        groups = _group_events(_validate_events(events))
+        delta = check_delta(delta)
+        groups = group_events(validate_events(events))
         self._require_supported(groups)
         if not groups:
             return 0.0
-        pure = self.relative_discretization is not None and not any(_has_gaussian(atom) for atom, _ in groups)
+        pure = self.relative_discretization is not None and not any(has_gaussian(atom) for atom, _ in groups)
         if self.relative_discretization is not None:
             # A large epsilon spans a wide loss range, slow on a fine grid. Each composition can add
             # up to one grid step (connect-the-dots never more than rounding up): bound the total by
@@ -283,7 +288,7 @@ class PldAccountant(Accountant):
             # pick at small q), so the grid follows the smallest per-step loss; every grid is valid.
             step = _pure_grid(groups, step)
         epsilon = self._epsilon_on(groups, delta, step)
-        if pure:
+        if pure and self.relative_discretization is not None:  # pure: r is set
             # ... and a step of at most r x epsilon (loss ranges scale with epsilon: still cheap).
             wanted = self.relative_discretization * epsilon
         elif self.relative_discretization is not None and epsilon < _TINY_STEPS * self.value_discretization_interval:
@@ -298,13 +303,15 @@ class PldAccountant(Accountant):
                 epsilon = min(epsilon, self._epsilon_on(groups, delta, finer))
         return epsilon
 
-    def _epsilon_on(self, groups, delta: float, interval: float) -> float:
+    def _epsilon_on(self, groups: Sequence[tuple[dpe.DpEvent, int]], delta: float, interval: float) -> float:
         total: pld_lib.PrivacyLossDistribution | None = None
         for atom, count in groups:
             part, non_private = self._build(atom, count, interval)
             if non_private:
                 return math.inf
             total = part if total is None else total.compose(part)
+        if total is None:  # no events: nothing spent (epsilon() answers this case before)
+            return 0.0
         # dp-accounting composes by FFT, whose float noise moves delta by ~1e-14 either way
         # (measured against exact binomial sums near delta = 1e-10): ask for a little less.
         return float(total.get_epsilon_for_delta(delta - min(_FFT_DELTA_NOISE, 0.5 * delta)))

@@ -17,7 +17,7 @@ from dp_textgrad.privacy.accounting.composition import (
     AdvancedCompositionAccountant,
     BasicCompositionAccountant,
 )
-from dp_textgrad.privacy.accounting.events import _group_events, _validate_events
+from dp_textgrad.privacy.accounting.events import group_events, validate_events
 
 
 def default_accountants() -> list[Accountant]:
@@ -52,7 +52,7 @@ def accountant_from_config(
     raise ValueError(f"accountant.name: unknown accountant {name!r}; use rdp, pld, drv, kov or basic")
 
 
-def _accountants_from_configs(configs: Sequence[Mapping[str, Any]]) -> list[Accountant]:
+def accountants_from_configs(configs: Sequence[Mapping[str, Any]]) -> list[Accountant]:
     """Rebuild a list, letting the composition baselines share the default-configured RDP/PLD."""
     built: list[Accountant | None] = [None] * len(configs)
     shared: dict[str, Any] = {}
@@ -67,9 +67,9 @@ def _accountants_from_configs(configs: Sequence[Mapping[str, Any]]) -> list[Acco
     return [a for a in built if a is not None]
 
 
-def _all_bounds(accountants: Sequence[Accountant], events: Sequence[dpe.DpEvent], delta: float) -> dict[str, float]:
+def all_bounds(accountants: Sequence[Accountant], events: Sequence[dpe.DpEvent], delta: float) -> dict[str, float]:
     """Every accountant's bound; inf for an accountant that cannot read some event."""
-    groups = _group_events(events)
+    groups = group_events(events)
     # hand every accountant the grouped form: each distinct part once, with its count
     compact = [atom if n == 1 else dpe.SelfComposedDpEvent(atom, n) for atom, n in groups]
     bounds: dict[str, float] = {}
@@ -86,4 +86,4 @@ def smallest_bound(
 ) -> float:
     """The smallest valid epsilon among ``accountants`` (default: all five) at ``delta``."""
     accountants = default_accountants() if accountants is None else list(accountants)
-    return min(_all_bounds(accountants, _validate_events(events), delta).values())
+    return min(all_bounds(accountants, validate_events(events), delta).values())

@@ -18,14 +18,14 @@ from dp_textgrad.privacy.accounting.accountants import (
     Accountant,
     PldAccountant,
     RdpAccountant,
-    _has_gaussian,
+    has_gaussian,
 )
 from dp_textgrad.privacy.accounting.bounds import default_accountants, smallest_bound
-from dp_textgrad.privacy.accounting.dpa_extensions import _NEIGHBOURS, _CompositionError
+from dp_textgrad.privacy.accounting.dpa_extensions import NEIGHBOURS, CompositionError
 from dp_textgrad.privacy.accounting.events import (
     UnsupportedEventError,
-    _check_delta,
-    _group_events,
+    check_delta,
+    group_events,
 )
 
 
@@ -33,13 +33,15 @@ class _SmallestBoundPrivacyAccountant(dp_accounting.PrivacyAccountant):
     """Adapter so dp-accounting's ``calibrate_dp_mechanism`` searches on our smallest bound."""
 
     def __init__(self, accountants: Sequence[Accountant]) -> None:
-        super().__init__(_NEIGHBOURS)
+        super().__init__(NEIGHBOURS)
         self._accountants = list(accountants)
         self._events: list[dpe.DpEvent] = []
 
-    def _maybe_compose(self, event: dpe.DpEvent, count: int, do_compose: bool):
+    def _maybe_compose(
+        self, event: dpe.DpEvent, count: int, do_compose: bool
+    ) -> dp_accounting.PrivacyAccountant.CompositionErrorDetails | None:
         if not any(a.supports(event) for a in self._accountants):
-            return _CompositionError(event, "no dp-textgrad accountant supports this event")
+            return CompositionError(event, "no dp-textgrad accountant supports this event")
         if do_compose and count > 0:
             self._events.append(event if count == 1 else dpe.SelfComposedDpEvent(event, count))
         return None
@@ -73,9 +75,13 @@ def _resolve_accountants(accountant: Accountant | Sequence[Accountant] | None) -
 
 
 def _check_target(epsilon: float, delta: float) -> tuple[float, float]:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real) or not (math.isfinite(epsilon) and epsilon > 0):
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, numbers.Real)
+        or not (math.isfinite(epsilon) and epsilon > 0)
+    ):
         raise ValueError(f"epsilon: must be a finite number > 0, got {epsilon!r}")
-    return float(epsilon), _check_delta(delta, allow_zero=True)
+    return float(epsilon), check_delta(delta, allow_zero=True)
 
 
 def _calibrate(
@@ -100,17 +106,17 @@ def _calibrate(
     probe = plan(1.0)
     # A plan without Gaussians is cheap for RDP (closed-form curves), which beats the PLD
     # for long runs of subsampled selections (bounded range): search on the smaller of both.
-    cheap_rdp = [] if _has_gaussian(probe) else [a for a in accountants if a.name == "rdp"]
+    cheap_rdp = [] if has_gaussian(probe) else [a for a in accountants if a.name == "rdp"]
     search = [PldAccountant(grid, relative_discretization=None), *cheap_rdp] if accountant is None else accountants
     if accountant is None and epsilon > _PLD_FLOAT_LIMIT:
         # PLD epsilons past ~709 overflow a float; RDP still answers (the full set's own
         # instance: its memo then serves the final check too).
         search = [a for a in accountants if a.name == "rdp"] or [RdpAccountant()]
-    if not any(all(a.supports(atom) for atom, _ in _group_events([probe])) for a in accountants):
+    if not any(all(a.supports(atom) for atom, _ in group_events([probe])) for a in accountants):
         raise UnsupportedEventError(
             f"plan: no accountant among {[a.name for a in accountants]} can interpret the planned event"
         )
-    if search is not accountants and not all(search[0].supports(atom) for atom, _ in _group_events([probe])):
+    if search is not accountants and not all(search[0].supports(atom) for atom, _ in group_events([probe])):
         search = accountants
 
     memo: dict[float, float] = {}
@@ -145,7 +151,7 @@ def _calibrate(
         events = [plan(x)]
         for a in sorted(accountants, key=lambda a: first.get(a.name, 2)):
             try:
-                if all(a.supports(atom) for atom, _ in _group_events(events)) and a.epsilon(events, delta) <= epsilon:
+                if all(a.supports(atom) for atom, _ in group_events(events)) and a.epsilon(events, delta) <= epsilon:
                     return True
             except (OverflowError, FloatingPointError):
                 continue
@@ -155,8 +161,11 @@ def _calibrate(
     # grid relative to each answer decides fits / does not fit there (the signs are checked
     # again with the search bound below).
     rough_memo: dict[float, bool] = {}
-    rough = [PldAccountant(relative_discretization=_SEARCH_RELATIVE_GRID), *cheap_rdp] \
-        if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT else search
+    rough = (
+        [PldAccountant(relative_discretization=_SEARCH_RELATIVE_GRID), *cheap_rdp]
+        if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT
+        else search
+    )
 
     def roughly_fits(x: float) -> bool:
         if x not in rough_memo:
@@ -172,8 +181,10 @@ def _calibrate(
         # A positive lower end: mechanisms reject epsilon0 = 0 (it would select uniformly).
         good, bad = 1e-9, 1.0
         if not fits(good):
-            raise ValueError(f"epsilon: even a negligible per-step epsilon exceeds epsilon={epsilon:g}; "
-                             "does the plan contain a fixed cost (e.g. final_epsilon) above the budget?")
+            raise ValueError(
+                f"epsilon: even a negligible per-step epsilon exceeds epsilon={epsilon:g}; "
+                "does the plan contain a fixed cost (e.g. final_epsilon) above the budget?"
+            )
         while roughly_fits(bad):
             good, bad = bad, bad * 4.0
             if bad > 2.0**40:
@@ -234,19 +245,22 @@ def _calibrate(
             break
     # (Past the PLD's float range the search used RDP alone and the result is kept as is:
     # tightening a budget of hundreds of epsilons buys nothing.)
-    slack = _REFINE_SLACK_GAUSSIAN if _has_gaussian(probe) else _REFINE_SLACK_PURE
+    slack = _REFINE_SLACK_GAUSSIAN if has_gaussian(probe) else _REFINE_SLACK_PURE
     if search is not accountants and epsilon <= _PLD_FLOAT_LIMIT and tight_bound(value) < epsilon * (1.0 - slack):
         # The PLD (and RDP where cheap): any accountant within the target proves the ledger's
         # (smallest) bound, and the others cost as much as the whole search without being tighter.
-        value = _refine(value, plan, epsilon, delta, tight, increasing=increasing, slack=slack,
-                        slope_hint=_log_slope(memo, value))
+        value = _refine(
+            value, plan, epsilon, delta, tight, increasing=increasing, slack=slack, slope_hint=_log_slope(memo, value)
+        )
     return value
 
 
 def _log_slope(memo: dict[float, float], value: float) -> float | None:
     """d log(epsilon) / d log(parameter) at ``value`` from the search's two nearest evaluations."""
-    near = sorted((x for x, e in memo.items() if x > 0 and 0 < e < math.inf and x != value),
-                  key=lambda x: abs(math.log(x / value)))[:1] + [value]
+    near = sorted(
+        (x for x, e in memo.items() if x > 0 and 0 < e < math.inf and x != value),
+        key=lambda x: abs(math.log(x / value)),
+    )[:1] + [value]
     if len(near) < 2 or value not in memo or not 0 < memo[value] < math.inf or memo[near[0]] == memo[value]:
         return None
     return math.log(memo[near[0]] / memo[value]) / math.log(near[0] / value)
@@ -260,9 +274,17 @@ def _shrink_until(value: float, ok: Callable[[float], bool], increasing: bool) -
     raise ValueError("epsilon: no parameter value with a proven bound within the target was found")
 
 
-def _refine(value: float, plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
-            accountants: Sequence[Accountant], *, increasing: bool, slack: float,
-            slope_hint: float | None = None) -> float:
+def _refine(
+    value: float,
+    plan: Callable[[float], dpe.DpEvent],
+    epsilon: float,
+    delta: float,
+    accountants: Sequence[Accountant],
+    *,
+    increasing: bool,
+    slack: float,
+    slope_hint: float | None = None,
+) -> float:
     """Tighten a value found with the fast search bounds, using ``accountants``.
 
     ``value`` fits under ``accountants`` with a little slack (the search grid is pessimistic).
@@ -283,7 +305,7 @@ def _refine(value: float, plan: Callable[[float], dpe.DpEvent], epsilon: float, 
     # nonsense, hence the plausible range.
     default = 2.0 if increasing else -2.0
     plausible = slope_hint is not None and 0.2 <= abs(slope_hint) <= 20 and (slope_hint > 0) == increasing
-    slope = slope_hint if plausible else default
+    slope = slope_hint if slope_hint is not None and plausible else default
     best, best_spent = value, bound(value)
     over: tuple[float, float] | None = None  # the nearest point past the target, once seen
     u0, e0 = math.log(value), math.log(best_spent)
@@ -312,9 +334,14 @@ def _refine(value: float, plan: Callable[[float], dpe.DpEvent], epsilon: float, 
     return best
 
 
-def calibrate_noise_multiplier(plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
-                               accountant: Accountant | Sequence[Accountant] | None = None,
-                               *, tol: float = 1e-6) -> float:
+def calibrate_noise_multiplier(
+    plan: Callable[[float], dpe.DpEvent],
+    epsilon: float,
+    delta: float,
+    accountant: Accountant | Sequence[Accountant] | None = None,
+    *,
+    tol: float = 1e-6,
+) -> float:
     """Smallest noise multiplier z (within ``tol``) such that ``plan(z)`` fits (epsilon, delta).
 
     ``plan`` maps z to the event of the WHOLE planned run. The bound is the smallest among
@@ -324,8 +351,13 @@ def calibrate_noise_multiplier(plan: Callable[[float], dpe.DpEvent], epsilon: fl
     return _calibrate(plan, epsilon, delta, accountant, increasing=False, tol=tol)
 
 
-def calibrate_pure_epsilon(plan: Callable[[float], dpe.DpEvent], epsilon: float, delta: float,
-                           accountant: Accountant | Sequence[Accountant] | None = None,
-                           *, tol: float = 1e-6) -> float:
+def calibrate_pure_epsilon(
+    plan: Callable[[float], dpe.DpEvent],
+    epsilon: float,
+    delta: float,
+    accountant: Accountant | Sequence[Accountant] | None = None,
+    *,
+    tol: float = 1e-6,
+) -> float:
     """Largest per-selection epsilon0 (within ``tol``) such that ``plan(eps0)`` fits (epsilon, delta)."""
     return _calibrate(plan, epsilon, delta, accountant, increasing=True, tol=tol)

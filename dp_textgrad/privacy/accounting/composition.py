@@ -21,14 +21,14 @@ from dp_textgrad.privacy.accounting.accountants import (
     PldAccountant,
     RdpAccountant,
 )
-from dp_textgrad.privacy.accounting.dpa_extensions import HUGE_EPSILON as _HUGE_EPSILON
+from dp_textgrad.privacy.accounting.dpa_extensions import HUGE_EPSILON
 from dp_textgrad.privacy.accounting.events import (
     GumbelTopKDpEvent,
-    _check_delta,
-    _check_nonnegative,
-    _group_events,
-    _pure_epsilon,
-    _validate_events,
+    check_delta,
+    check_nonnegative,
+    group_events,
+    pure_epsilon_of,
+    validate_events,
 )
 
 
@@ -47,8 +47,8 @@ def gaussian_analytic_epsilon(sigma: float, delta: float) -> float:
     Uses dp-accounting's ``get_epsilon_gaussian`` (Balle-Wang) and nudges the root-finder's
     answer up if needed so that the returned value is a valid upper bound.
     """
-    _check_nonnegative(sigma, "sigma")
-    delta = _check_delta(delta)
+    check_nonnegative(sigma, "sigma")
+    delta = check_delta(delta)
     eps = float(dp_accounting.get_epsilon_gaussian(float(sigma), delta))
     if not math.isfinite(eps) or eps == 0.0:
         return eps
@@ -76,12 +76,12 @@ class _PerStepConverter:
     """
 
     def __init__(self, pld: PldAccountant | None = None, rdp: RdpAccountant | None = None) -> None:
-        self._pld = PldAccountant() if pld is None else pld
-        self._rdp = RdpAccountant() if rdp is None else rdp
+        self._pld: PldAccountant = PldAccountant() if pld is None else pld
+        self._rdp: RdpAccountant = RdpAccountant() if rdp is None else rdp
 
     def supports(self, event: dpe.DpEvent) -> bool:
-        for atom, _ in _group_events([event]):
-            if isinstance(atom, dpe.NonPrivateDpEvent) or _pure_epsilon(atom) is not None:
+        for atom, _ in group_events([event]):
+            if isinstance(atom, dpe.NonPrivateDpEvent) or pure_epsilon_of(atom) is not None:
                 continue
             if not (self._pld.supports(atom) or self._rdp.supports(atom)):
                 return False
@@ -99,7 +99,7 @@ class _PerStepConverter:
                 if atom.epsilon0 > 0.0:
                     pure.append(_Step(float(atom.epsilon0), 0.0, count * int(atom.k)))
                 continue
-            eps = _pure_epsilon(atom)
+            eps = pure_epsilon_of(atom)
             if eps is None:
                 approximate.append((atom, count))
             elif eps > 0.0:
@@ -116,7 +116,7 @@ class _PerStepConverter:
 def _drv_epsilon(steps: Sequence[_Step], slack_delta: float) -> float:
     """Dwork-Rothblum-Vadhan 2010, heterogeneous form:
     sqrt(2 ln(1/delta') sum eps_i^2) + sum eps_i (e^eps_i - 1)."""
-    if any(s.epsilon > _HUGE_EPSILON for s in steps):
+    if any(s.epsilon > HUGE_EPSILON for s in steps):
         return math.inf  # e^eps_i would overflow; the bound is vacuous anyway
     square_sum = math.fsum(s.count * s.epsilon**2 for s in steps)
     drift = math.fsum(s.count * s.epsilon * math.expm1(s.epsilon) for s in steps)
@@ -157,19 +157,19 @@ class AdvancedCompositionAccountant(Accountant):
             raise ValueError(f"variant: must be one of {self.VARIANTS}, got {variant!r}")
         if not (isinstance(slack_fraction, numbers.Real) and 0.0 < slack_fraction < 1.0):
             raise ValueError(f"slack_fraction: must be in (0, 1), got {slack_fraction!r}")
-        self.variant = variant
-        self.slack_fraction = float(slack_fraction)
+        self.variant: str = variant
+        self.slack_fraction: float = float(slack_fraction)
         self.name = variant
         # pld/rdp: the accountants that give per-step epsilons (share them to share their memo)
-        self._converter = _PerStepConverter(pld, rdp)
+        self._converter: _PerStepConverter = _PerStepConverter(pld, rdp)
 
     def supports(self, event: dpe.DpEvent) -> bool:
         return self._converter.supports(event)
 
     def per_step_parameters(self, events: Sequence[dpe.DpEvent], delta: float) -> tuple[list[_Step], float]:
         """The per-step (eps_i, delta_i) groups and the slack delta' used for ``events``."""
-        delta = _check_delta(delta)
-        groups = _group_events(_validate_events(events))
+        delta = check_delta(delta)
+        groups = group_events(validate_events(events))
         self._require_supported(groups)
         steps, approximate = self._converter.split(groups)
         m = sum(count for _, count in approximate)
@@ -214,8 +214,8 @@ class BasicCompositionAccountant(Accountant):
         return self._converter.supports(event)
 
     def epsilon(self, events: Sequence[dpe.DpEvent], delta: float) -> float:
-        delta = _check_delta(delta)
-        groups = _group_events(_validate_events(events))
+        delta = check_delta(delta)
+        groups = group_events(validate_events(events))
         self._require_supported(groups)
         steps, approximate = self._converter.split(groups)
         m = sum(count for _, count in approximate)

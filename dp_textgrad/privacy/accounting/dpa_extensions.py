@@ -24,17 +24,15 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from dp_textgrad.privacy.accounting.events import (
     GumbelTopKDpEvent,
     PureDpEvent,
-    _contains_own_event,
-    _effective_noise_multiplier,
-    _pure_epsilon,
+    contains_own_event,
+    effective_noise_multiplier_of,
+    pure_epsilon_of,
 )
 from dp_textgrad.privacy.accounting.subsampled_rdp import poisson_subsampled_rdp
 
 NEIGHBOURS = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-_NEIGHBOURS = NEIGHBOURS
 HUGE_EPSILON = 500.0  # beyond this e^eps overflows floats; such bounds are reported as inf
-_HUGE_EPSILON = HUGE_EPSILON
-_CompositionError = dp_accounting.PrivacyAccountant.CompositionErrorDetails
+CompositionError = dp_accounting.PrivacyAccountant.CompositionErrorDetails
 # dp-accounting 0.6's PLD of a Poisson-subsampled Gaussian raises (log of a difference of two
 # equal logs) when z is small and q is within ~1e-12 of 1; above 1 - this, q is read as 1.
 _Q_READ_AS_ONE = 1e-9
@@ -75,19 +73,19 @@ def _gumbel_top_k_rdp(epsilon0: float, k: int, orders: np.ndarray) -> np.ndarray
     k eps0^2 / 8 zCDP, i.e. rho * a (Cesar-Rogers 2021).
     """
     rho = k * epsilon0**2 / 8.0
-    return np.minimum.reduce(
-        [k * pure_dp_rdp(epsilon0, orders), pure_dp_rdp(k * epsilon0, orders), rho * orders]
-    )
+    return np.minimum.reduce([k * pure_dp_rdp(epsilon0, orders), pure_dp_rdp(k * epsilon0, orders), rho * orders])
 
 
 # --------------------------------------------------------------------------- dp-accounting extensions
 
 
-class _ExtendedRdpAccountant(rdp_lib.RdpAccountant):
+class ExtendedRdpAccountant(rdp_lib.RdpAccountant):
     """dp-accounting's RDP accountant that also reads PureDp / GumbelTopK (also Poisson-sampled)."""
 
-    def __init__(self, orders: Sequence[float]) -> None:
-        super().__init__(orders=list(orders), neighboring_relation=_NEIGHBOURS)
+    _rdp: np.ndarray  # the base class's running RDP curve, one value per order
+
+    def __init__(self, orders: Sequence[float] | np.ndarray) -> None:
+        super().__init__(orders=list(orders), neighboring_relation=NEIGHBOURS)
 
     def _add(self, curve: np.ndarray, count: int) -> None:
         self._rdp = self._rdp + count * curve
@@ -99,14 +97,16 @@ class _ExtendedRdpAccountant(rdp_lib.RdpAccountant):
         amplified_curve = pure_dp_rdp(amplified, orders)
 
         def inner_curve(integer_orders: np.ndarray) -> np.ndarray:
-            inner = _ExtendedRdpAccountant(integer_orders)
+            inner = ExtendedRdpAccountant(integer_orders)
             inner.compose(event.event, 1)
             return np.asarray(inner._rdp, dtype=np.float64)
 
         subsampled = poisson_subsampled_rdp(inner_curve, float(event.sampling_probability), orders)
         return np.minimum(amplified_curve, subsampled)
 
-    def _maybe_compose(self, event: dpe.DpEvent, count: int, do_compose: bool):
+    def _maybe_compose(
+        self, event: dpe.DpEvent, count: int, do_compose: bool
+    ) -> dp_accounting.PrivacyAccountant.CompositionErrorDetails | None:
         if isinstance(event, PureDpEvent):
             if do_compose:
                 self._add(pure_dp_rdp(event.epsilon, self._orders), count)
@@ -118,28 +118,28 @@ class _ExtendedRdpAccountant(rdp_lib.RdpAccountant):
         if isinstance(event, dpe.PoissonSampledDpEvent) and not _supported_by_dp_accounting(
             super()._maybe_compose, event
         ):
-            amplified = _pure_epsilon(event)
+            amplified = pure_epsilon_of(event)
             if amplified is None:
-                return _CompositionError(event, "Poisson-sampled subevent must be Gaussian(s) or pure DP")
+                return CompositionError(event, "Poisson-sampled subevent must be Gaussian(s) or pure DP")
             if do_compose:
                 self._add(self._subsampled_pure_curve(event, amplified), count)
             return None
         return super()._maybe_compose(event, count, do_compose)
 
 
-def _pure_picks(event: dpe.DpEvent) -> list[float] | None:
+def pure_picks(event: dpe.DpEvent) -> list[float] | None:
     """The per-step epsilons of an event made only of pure-DP steps (run adaptively), else None."""
     if isinstance(event, PureDpEvent):
         return [float(event.epsilon)]
     if isinstance(event, GumbelTopKDpEvent):  # one-shot top-k = k adaptive eps0-DP picks (peeling)
         return [float(event.epsilon0)] * int(event.k)
     if isinstance(event, dpe.SelfComposedDpEvent):
-        inner = _pure_picks(event.event)
+        inner = pure_picks(event.event)
         return None if inner is None else inner * int(event.count)
     if isinstance(event, dpe.ComposedDpEvent):
         picks: list[float] = []
         for sub in event.events:
-            inner = _pure_picks(sub)
+            inner = pure_picks(sub)
             if inner is None:
                 return None
             picks += inner
@@ -171,8 +171,9 @@ def subsampled_pure_dp_pmfs(epsilon0: float, picks: int, q: float) -> tuple[dict
     return upper, lower
 
 
-def subsampled_pure_dp_pld(epsilon0: float, picks: int, q: float,
-                           value_discretization_interval: float) -> pld_lib.PrivacyLossDistribution:
+def subsampled_pure_dp_pld(
+    epsilon0: float, picks: int, q: float, value_discretization_interval: float
+) -> pld_lib.PrivacyLossDistribution:
     """PLD (both directions, pessimistic connect-the-dots) of :func:`subsampled_pure_dp_pmfs`."""
     mixture, member_absent = subsampled_pure_dp_pmfs(epsilon0, picks, q)
     outcomes = sorted(mixture)
@@ -188,8 +189,9 @@ def randomized_response_pld(epsilon: float, value_discretization_interval: float
     dominates every epsilon-DP mechanism (Kairouz, Oh and Viswanath 2015, Thm 2.1); symmetric."""
     log_keep = -float(np.logaddexp(0.0, -epsilon))
     log_flip = -float(np.logaddexp(0.0, epsilon))
-    pmf = _connect_dots_pmf(np.array([log_keep, log_flip]), np.array([log_flip, log_keep]),
-                            value_discretization_interval)
+    pmf = _connect_dots_pmf(
+        np.array([log_keep, log_flip]), np.array([log_flip, log_keep]), value_discretization_interval
+    )
     return pld_lib.PrivacyLossDistribution(pmf)
 
 
@@ -221,7 +223,7 @@ def _connect_dots_pmf(log_upper: np.ndarray, log_lower: np.ndarray, interval: fl
     return pld_pmf.create_pmf_pessimistic_connect_dots(interval, points, np.minimum(deltas, 1.0))
 
 
-class _ExtendedPldAccountant(_DpaPldAccountant):
+class ExtendedPldAccountant(_DpaPldAccountant):
     """dp-accounting's PLD accountant that also reads PureDp / GumbelTopK (also Poisson-sampled).
 
     A pure eps'-DP part becomes the randomized-response PLD of eps' (it dominates every
@@ -231,19 +233,23 @@ class _ExtendedPldAccountant(_DpaPldAccountant):
     Both are discretized by connect-the-dots (:func:`_connect_dots_pmf`), not by rounding losses up.
     """
 
+    _pld: pld_lib.PrivacyLossDistribution  # the base class's running composition
+
     def __init__(self, value_discretization_interval: float) -> None:
-        super().__init__(neighboring_relation=_NEIGHBOURS, value_discretization_interval=value_discretization_interval)
+        super().__init__(neighboring_relation=NEIGHBOURS, value_discretization_interval=value_discretization_interval)
 
     def _compose_pure(self, epsilon: float, count: int) -> None:
         if epsilon == 0.0:
             return
-        if epsilon > _HUGE_EPSILON:  # e^eps overflows in dp-accounting; inf is still a valid bound
+        if epsilon > HUGE_EPSILON:  # e^eps overflows in dp-accounting; inf is still a valid bound
             self._contains_non_dp_event = True
             return
         single = randomized_response_pld(epsilon, self._value_discretization_interval)
         self._pld = self._pld.compose(single.self_compose(count) if count > 1 else single)
 
-    def _maybe_compose(self, event: dpe.DpEvent, count: int, do_compose: bool):
+    def _maybe_compose(
+        self, event: dpe.DpEvent, count: int, do_compose: bool
+    ) -> dp_accounting.PrivacyAccountant.CompositionErrorDetails | None:
         if isinstance(event, dpe.PoissonSampledDpEvent) and float(event.sampling_probability) >= 1 - _Q_READ_AS_ONE:
             # Sampling every record is the worst case of Poisson sampling, so this is a valid
             # upper bound; with q this close to 1 the two differ by a negligible amount.
@@ -261,21 +267,21 @@ class _ExtendedPldAccountant(_DpaPldAccountant):
         if isinstance(event, dpe.PoissonSampledDpEvent) and not _supported_by_dp_accounting(
             super()._maybe_compose, event
         ):
-            picks = _pure_picks(event.event)
+            picks = pure_picks(event.event)
             q = float(event.sampling_probability)
             if picks is not None and q > 0.0 and len(set(picks)) == 1 and 0.0 < picks[0] < math.inf:
                 if do_compose:
                     single = subsampled_pure_dp_pld(picks[0], len(picks), q, self._value_discretization_interval)
                     self._pld = self._pld.compose(single.self_compose(count) if count > 1 else single)
                 return None
-            amplified = _pure_epsilon(event)  # mixed steps: RR of the amplified total (valid, looser)
+            amplified = pure_epsilon_of(event)  # mixed steps: RR of the amplified total (valid, looser)
             if amplified is not None:
                 if do_compose:
                     self._compose_pure(amplified, count)
                 return None
-            z_eff = _effective_noise_multiplier(event.event)
+            z_eff = effective_noise_multiplier_of(event.event)
             if z_eff is None:
-                return _CompositionError(event, "Poisson-sampled subevent must be Gaussian(s) or pure DP")
+                return CompositionError(event, "Poisson-sampled subevent must be Gaussian(s) or pure DP")
             if math.isinf(z_eff):
                 return None
             single = dpe.PoissonSampledDpEvent(event.sampling_probability, dpe.GaussianDpEvent(z_eff))
@@ -284,7 +290,7 @@ class _ExtendedPldAccountant(_DpaPldAccountant):
 
 
 def _supported_by_dp_accounting(parent_maybe_compose: Callable[..., Any], event: dpe.DpEvent) -> bool:
-    if _contains_own_event(event):
+    if contains_own_event(event):
         return False
     return parent_maybe_compose(event, 0, False) is None
 
@@ -301,7 +307,7 @@ class _DropConvergenceWarnings(logging.Filter):
         return "failed to converge" not in record.getMessage()
 
 
-class _quiet_absl_convergence:
+class quiet_absl_convergence:
     _filter = _DropConvergenceWarnings()
 
     def __enter__(self) -> None:

@@ -57,16 +57,14 @@ def amplify_pure_dp(epsilon: float, q: float) -> float:
     return math.log1p(q * math.expm1(epsilon))
 
 
-
 class UnsupportedEventError(ValueError):
     """An accountant was asked about an event it cannot interpret."""
-
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def _check_delta(delta: float, *, allow_zero: bool = True) -> float:
+def check_delta(delta: float, *, allow_zero: bool = True) -> float:
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
         raise ValueError(f"delta: must be a number in [0, 1), got {delta!r}")
     d = float(delta)
@@ -77,48 +75,48 @@ def _check_delta(delta: float, *, allow_zero: bool = True) -> float:
     return d
 
 
-def _check_nonnegative(value: float, name: str) -> None:
+def check_nonnegative(value: float, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or value < 0:
         raise ValueError(f"{name}: must be a number >= 0, got {value!r}")
 
 
-def _validate_event(event: Any) -> None:
+def validate_event(event: Any) -> None:
     """Reject malformed parameters of the events this module interprets by hand."""
     if not isinstance(event, dpe.DpEvent):
         raise TypeError(f"event: expected a dp_accounting.DpEvent, got {type(event).__name__}")
     if isinstance(event, PureDpEvent):
-        _check_nonnegative(event.epsilon, "PureDpEvent.epsilon")
+        check_nonnegative(event.epsilon, "PureDpEvent.epsilon")
     elif isinstance(event, GumbelTopKDpEvent):
-        _check_nonnegative(event.epsilon0, "GumbelTopKDpEvent.epsilon0")
+        check_nonnegative(event.epsilon0, "GumbelTopKDpEvent.epsilon0")
         if isinstance(event.k, bool) or not isinstance(event.k, numbers.Integral) or event.k < 1:
             raise ValueError(f"GumbelTopKDpEvent.k: must be an integer >= 1, got {event.k!r}")
     elif isinstance(event, dpe.PoissonSampledDpEvent):
         q = event.sampling_probability
-        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= q <= 1.0:
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 <= float(q) <= 1.0:
             raise ValueError(f"PoissonSampledDpEvent.sampling_probability: must be in [0, 1], got {q!r}")
-        _validate_event(event.event)
+        validate_event(event.event)
     elif isinstance(event, dpe.SelfComposedDpEvent):
         if isinstance(event.count, bool) or not isinstance(event.count, numbers.Integral) or event.count < 0:
             raise ValueError(f"SelfComposedDpEvent.count: must be an integer >= 0, got {event.count!r}")
-        _validate_event(event.event)
+        validate_event(event.event)
     elif isinstance(event, dpe.ComposedDpEvent):
         for sub in event.events:
-            _validate_event(sub)
+            validate_event(sub)
 
 
-def _validate_events(events: Sequence[dpe.DpEvent]) -> list[dpe.DpEvent]:
+def validate_events(events: Sequence[dpe.DpEvent]) -> list[dpe.DpEvent]:
     if isinstance(events, dpe.DpEvent):
         raise TypeError("events: pass a sequence of DpEvents, e.g. [event], not a single event")
     events = list(events)
     for event in events:
-        _validate_event(event)
+        validate_event(event)
     return events
 
 
 # --------------------------------------------------------------------------- event structure
 
 
-def _group_events(events: Sequence[dpe.DpEvent]) -> list[tuple[dpe.DpEvent, int]]:
+def group_events(events: Sequence[dpe.DpEvent]) -> list[tuple[dpe.DpEvent, int]]:
     """Flatten Composed/SelfComposed events into (atom, count) groups in a canonical order.
 
     Grouping identical atoms lets PLD self-compose (one FFT power instead of T
@@ -150,7 +148,7 @@ def _group_events(events: Sequence[dpe.DpEvent]) -> list[tuple[dpe.DpEvent, int]
     return [(groups[k][0], groups[k][1]) for k in sorted(groups)]
 
 
-def _pure_epsilon(event: dpe.DpEvent) -> float | None:
+def pure_epsilon_of(event: dpe.DpEvent) -> float | None:
     """The epsilon of an event tree made only of pure-DP parts, or None if it has other parts.
 
     Pure parts compose by adding epsilons; a Poisson-subsampled pure part is amplified
@@ -165,18 +163,18 @@ def _pure_epsilon(event: dpe.DpEvent) -> float | None:
     if isinstance(event, dpe.LaplaceDpEvent):  # Laplace(b) with sensitivity 1 is (1/b)-DP
         return math.inf if event.noise_multiplier == 0 else 1.0 / float(event.noise_multiplier)
     if isinstance(event, dpe.SelfComposedDpEvent):
-        inner = _pure_epsilon(event.event)
+        inner = pure_epsilon_of(event.event)
         return None if inner is None else (0.0 if event.count == 0 else event.count * inner)
     if isinstance(event, dpe.ComposedDpEvent):
         total = 0.0
         for sub in event.events:
-            inner = _pure_epsilon(sub)
+            inner = pure_epsilon_of(sub)
             if inner is None:
                 return None
             total += inner
         return total
     if isinstance(event, dpe.PoissonSampledDpEvent):
-        inner = _pure_epsilon(event.event)
+        inner = pure_epsilon_of(event.event)
         if inner is None:
             return None
         q = float(event.sampling_probability)
@@ -188,30 +186,30 @@ def _pure_epsilon(event: dpe.DpEvent) -> float | None:
     return None
 
 
-def _contains_own_event(event: dpe.DpEvent) -> bool:
+def contains_own_event(event: dpe.DpEvent) -> bool:
     """True if the tree holds a PureDpEvent/GumbelTopKDpEvent (dp-accounting cannot read it)."""
     if isinstance(event, (PureDpEvent, GumbelTopKDpEvent)):
         return True
     if isinstance(event, (dpe.SelfComposedDpEvent, dpe.PoissonSampledDpEvent)):
-        return _contains_own_event(event.event)
+        return contains_own_event(event.event)
     if isinstance(event, dpe.ComposedDpEvent):
-        return any(_contains_own_event(e) for e in event.events)
+        return any(contains_own_event(e) for e in event.events)
     return False
 
 
-def _effective_noise_multiplier(event: dpe.DpEvent) -> float | None:
+def effective_noise_multiplier_of(event: dpe.DpEvent) -> float | None:
     """Gaussians released on the same subsample act as one Gaussian: z_eff^-2 = sum z_i^-2."""
     if isinstance(event, dpe.GaussianDpEvent):
         return float(event.noise_multiplier)
     if isinstance(event, dpe.SelfComposedDpEvent):
-        inner = _effective_noise_multiplier(event.event)
+        inner = effective_noise_multiplier_of(event.event)
         if inner is None:
             return None
         return math.inf if event.count == 0 else inner / math.sqrt(event.count)
     if isinstance(event, dpe.ComposedDpEvent):
         inverse_sq = 0.0
         for sub in event.events:
-            inner = _effective_noise_multiplier(sub)
+            inner = effective_noise_multiplier_of(sub)
             if inner is None:
                 return None
             if inner == 0.0:

@@ -20,8 +20,28 @@ from dp_textgrad.privacy.accounting.accountants import RdpAccountant
 # The Renyi orders of the lifetime filter, fixed for every store: the filter's guarantee
 # needs its orders and their shares of delta chosen before any run. Each order gets
 # delta/len, which costs log(len)/(alpha - 1) in epsilon (docs/privacy.md, "Lifetime budget").
-FILTER_ORDERS: tuple[float, ...] = (1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0,
-                                    40.0, 48.0, 63.0, 128.0, 256.0, 512.0)
+FILTER_ORDERS: tuple[float, ...] = (
+    1.5,
+    2.0,
+    2.5,
+    3.0,
+    4.0,
+    5.0,
+    6.0,
+    8.0,
+    10.0,
+    12.0,
+    16.0,
+    20.0,
+    24.0,
+    32.0,
+    40.0,
+    48.0,
+    63.0,
+    128.0,
+    256.0,
+    512.0,
+)
 
 
 def filter_epsilon(events: Sequence[dpe.DpEvent], delta: float) -> float:
@@ -43,8 +63,9 @@ def filter_epsilon(events: Sequence[dpe.DpEvent], delta: float) -> float:
         return math.inf
     rdp = accountant.rdp_curve(list(events))
     orders = np.asarray(FILTER_ORDERS)
-    bounds = (rdp + np.log((orders - 1.0) / orders)
-              + (math.log(len(FILTER_ORDERS) / delta) - np.log(orders)) / (orders - 1.0))
+    bounds = (
+        rdp + np.log((orders - 1.0) / orders) + (math.log(len(FILTER_ORDERS) / delta) - np.log(orders)) / (orders - 1.0)
+    )
     return max(0.0, float(np.min(bounds)))
 
 

@@ -20,23 +20,23 @@ from dp_accounting import dp_event as dpe
 from dp_textgrad.privacy import release
 from dp_textgrad.privacy.accounting.accountants import Accountant
 from dp_textgrad.privacy.accounting.bounds import (
-    _accountants_from_configs,
-    _all_bounds,
+    accountants_from_configs,
+    all_bounds,
     default_accountants,
 )
 from dp_textgrad.privacy.accounting.events import (
     UnsupportedEventError,
-    _check_delta,
-    _group_events,
-    _validate_event,
+    check_delta,
+    group_events,
+    validate_event,
 )
-from dp_textgrad.privacy.accounting.stages import CompletedStages
 from dp_textgrad.privacy.accounting.serialize import (
-    _decode_float,
-    _encode_float,
+    decode_float,
+    encode_float,
     event_from_dict,
     event_to_dict,
 )
+from dp_textgrad.privacy.accounting.stages import CompletedStages
 
 
 class BudgetExceeded(RuntimeError):
@@ -52,10 +52,6 @@ class BudgetExceeded(RuntimeError):
             f"(at delta={delta:g}), over the budget epsilon={budget:.6g}; the mechanism "
             "was not run and nothing was recorded (give a larger budget, more noise or fewer steps)" + detail
         )
-
-
-
-
 
 
 @dataclass(frozen=True)
@@ -76,23 +72,23 @@ class LedgerEntry:
             "index": self.index,
             "label": self.label,
             "event": self.event_dict,
-            "epsilons": {k: _encode_float(v) for k, v in self.epsilons.items()},
-            "epsilon": _encode_float(self.epsilon),
+            "epsilons": {k: encode_float(v) for k, v in self.epsilons.items()},
+            "epsilon": encode_float(self.epsilon),
             "metadata": self.metadata,
             "differentially_private": self.differentially_private,
             "note": None if self.differentially_private else "NOT differentially private (unsafe mode)",
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "LedgerEntry":
+    def from_dict(cls, data: Mapping[str, Any]) -> LedgerEntry:
         event_dict = dict(data["event"])
         return cls(
             index=int(data["index"]),
             label=str(data["label"]),
             event=event_from_dict(event_dict),
             event_dict=event_dict,
-            epsilons={k: _decode_float(v) for k, v in data["epsilons"].items()},
-            epsilon=_decode_float(data["epsilon"]),
+            epsilons={k: decode_float(v) for k, v in data["epsilons"].items()},
+            epsilon=decode_float(data["epsilon"]),
             metadata=dict(data.get("metadata") or {}),
             differentially_private=bool(data.get("differentially_private", True)),
         )
@@ -118,8 +114,8 @@ class PrivacyLedger(CompletedStages):
             or epsilon_budget <= 0
         ):
             raise ValueError(f"epsilon_budget: must be a finite number > 0, got {epsilon_budget!r}")
-        self.epsilon_budget = float(epsilon_budget)
-        self.delta = _check_delta(delta, allow_zero=False)
+        self.epsilon_budget: float = float(epsilon_budget)
+        self.delta: float = check_delta(delta, allow_zero=False)
         accountants = default_accountants() if accountants is None else list(accountants)
         if not accountants:
             raise ValueError("accountants: give at least one accountant (or None for the defaults)")
@@ -141,7 +137,7 @@ class PrivacyLedger(CompletedStages):
         self.lifetime: dict[str, Any] | None = None
         self._completed_stages: list[dict[str, Any]] = []  # pure-DP stages closed before (see stages.py)
         self._replay_next: int | None = None  # entries from here on: an interrupted attempt's (expect_replay)
-        self.replayed = 0  # entries adopted by this process (not charged again)
+        self.replayed: int = 0  # entries adopted by this process (not charged again)
 
     def add_charge_hook(self, hook: Callable[[LedgerEntry], None]) -> None:
         """Call ``hook(entry)`` at every charge, after the budget check and before the entry is
@@ -184,11 +180,9 @@ class PrivacyLedger(CompletedStages):
     # -- bounds
     def _bounds(self, events: Sequence[dpe.DpEvent]) -> dict[str, float]:
         # can_afford(e) followed by spend(e) asks the same question: remember the last answer.
-        key = tuple(
-            (f"{type(ev).__module__}.{type(ev).__qualname__}", repr(ev), n) for ev, n in _group_events(events)
-        )
+        key = tuple((f"{type(ev).__module__}.{type(ev).__qualname__}", repr(ev), n) for ev, n in group_events(events))
         if key != self._cache_key or self._cache_value is None:
-            self._cache_value = _all_bounds(self.accountants, events, self.delta)
+            self._cache_value = all_bounds(self.accountants, events, self.delta)
             self._cache_key = key
         return dict(self._cache_value)
 
@@ -210,7 +204,7 @@ class PrivacyLedger(CompletedStages):
         return max(0.0, self.epsilon_budget - self.mechanism_epsilon())
 
     def _check_event(self, event: dpe.DpEvent) -> None:
-        _validate_event(event)
+        validate_event(event)
         if not any(a.supports(event) for a in self.accountants):
             raise UnsupportedEventError(
                 f"event: none of the ledger's accountants ({', '.join(a.name for a in self.accountants)}) "
@@ -269,15 +263,18 @@ class PrivacyLedger(CompletedStages):
         """Entries from ``start`` on are an interrupted attempt's: adoptable in order (dp_es/replay.py)."""
         self._replay_next = int(start)
 
-    pending_replays = property(lambda self: 0 if self._replay_next is None else max(  # 0 after a new charge
-        0, len(self._entries) - self._replay_next), doc="entries of the interrupted attempt not adopted (yet)")
+    @property
+    def pending_replays(self) -> int:
+        """Entries of the interrupted attempt not adopted (yet); 0 after a new charge."""
+        return 0 if self._replay_next is None else max(0, len(self._entries) - self._replay_next)
 
     def adopt_next(self) -> LedgerEntry:
         """Take the interrupted attempt's next entry as the charge being made (spent and recorded already)."""
-        if not self.pending_replays:
+        adopted = self._replay_next
+        if adopted is None or not self.pending_replays:
             raise ValueError("adopt_next: no entry of an interrupted attempt is pending")
-        self._replay_next, self.replayed = self._replay_next + 1, self.replayed + 1
-        return self._entries[self._replay_next - 1]
+        self._replay_next, self.replayed = adopted + 1, self.replayed + 1
+        return self._entries[adopted]
 
     def recover(self, recorded: Sequence[Mapping[str, Any]]) -> int:
         """Adopt charges recorded elsewhere (the lifetime store) that this ledger lost in a crash.
@@ -291,8 +288,10 @@ class PrivacyLedger(CompletedStages):
             entry = LedgerEntry.from_dict(data)
             if entry.index < len(self._entries):
                 if self._entries[entry.index].event_dict != entry.event_dict:
-                    raise ValueError(f"ledger: entry {entry.index} differs from the lifetime store's record; "
-                                     "the run directory does not belong to this store's run")
+                    raise ValueError(
+                        f"ledger: entry {entry.index} differs from the lifetime store's record; "
+                        "the run directory does not belong to this store's run"
+                    )
                 continue
             if entry.index != len(self._entries):
                 raise ValueError(f"ledger: the lifetime store skips from entry {len(self._entries)} to {entry.index}")
@@ -366,7 +365,7 @@ class PrivacyLedger(CompletedStages):
             os.close(dir_fd)
 
     @classmethod
-    def from_jsonl(cls, path: str | os.PathLike[str]) -> "PrivacyLedger":
+    def from_jsonl(cls, path: str | os.PathLike[str]) -> PrivacyLedger:
         """Rebuild a ledger (budget, delta, accountants, entries, unsafe marks) from :meth:`to_jsonl`."""
         with open(path, encoding="utf-8") as handle:
             records = [json.loads(line) for line in handle if line.strip()]
@@ -378,13 +377,14 @@ class PrivacyLedger(CompletedStages):
         ledger = cls(
             header["epsilon_budget"],
             header["delta"],
-            _accountants_from_configs(header["accountants"]),
+            accountants_from_configs(header["accountants"]),
         )
         ledger._unsafe_reasons = list(header.get("unsafe_reasons", []))
         ledger.noise = header.get("noise")
         ledger.lifetime = header.get("lifetime")
-        ledger._completed_stages = [{"end": int(s["end"]), "epsilon": float(s["epsilon"])}
-                                    for s in header.get("completed_stages") or []]
+        ledger._completed_stages = [
+            {"end": int(s["end"]), "epsilon": float(s["epsilon"])} for s in header.get("completed_stages") or []
+        ]
         for i, record in enumerate(records[1:]):
             entry = LedgerEntry.from_dict(record)
             if entry.index != i:

@@ -29,19 +29,18 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from dp_textgrad.privacy.accounting.accountants import Accountant
-from dp_textgrad.privacy.accounting.bounds import _all_bounds, default_accountants
+from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountants
 from dp_textgrad.privacy.accounting.filter import FILTER_ORDERS, filter_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.accounting.serialize import event_from_dict
 
-STORE_NAME = "lifetime_budget.sqlite"
 _SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -76,6 +75,7 @@ CREATE TABLE IF NOT EXISTS datasets (
 _DECLARED = "declared:"
 _MAX_KEY_LENGTH = 200
 
+
 class LifetimeCapExceeded(BudgetExceeded):
     """A run or a charge would push the dataset's lifetime epsilon past its cap; nothing was recorded.
 
@@ -83,8 +83,15 @@ class LifetimeCapExceeded(BudgetExceeded):
     the room), the run stops early like one whose own budget ran out.
     """
 
-    def __init__(self, epsilon: float, cap: float, delta: float, what: str, label: str | None = None,
-                 charged: str = "nothing was charged") -> None:
+    def __init__(
+        self,
+        epsilon: float,
+        cap: float,
+        delta: float,
+        what: str,
+        label: str | None = None,
+        charged: str = "nothing was charged",
+    ) -> None:
         RuntimeError.__init__(
             self,
             f"lifetime budget: {what} would raise this dataset's lifetime epsilon (Renyi filter bound) to "
@@ -144,17 +151,22 @@ class LifetimeBudget:
                     db.execute("INSERT INTO meta VALUES ('key', ?)", (secrets.token_hex(32),))
                     db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(_SCHEMA_VERSION),))
         except sqlite3.DatabaseError as exc:
-            raise ValueError(f"lifetime_store: {self.path} is not a usable dp-textgrad lifetime store ({exc}); "
-                             "point output.lifetime_store elsewhere or move the file away") from None
+            raise ValueError(
+                f"lifetime_store: {self.path} is not a usable dp-textgrad lifetime store ({exc}); "
+                "point output.lifetime_store elsewhere or move the file away"
+            ) from None
         except OSError as exc:
-            raise OSError(f"lifetime_store: cannot create {self.path} ({exc.strerror or exc}); choose a writable "
-                          "location with output.lifetime_store") from None
+            raise OSError(
+                f"lifetime_store: cannot create {self.path} ({exc.strerror or exc}); choose a writable "
+                "location with output.lifetime_store"
+            ) from None
         with self._read() as db:
             schema = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             self._key = bytes.fromhex(db.execute("SELECT value FROM meta WHERE key = 'key'").fetchone()[0])
         if schema is None or int(schema[0]) != _SCHEMA_VERSION:
-            raise ValueError(f"lifetime_store: {self.path} has schema {schema and schema[0]!r}; this version reads "
-                             f"{_SCHEMA_VERSION}")
+            raise ValueError(
+                f"lifetime_store: {self.path} has schema {schema and schema[0]!r}; this version reads {_SCHEMA_VERSION}"
+            )
 
     # -- connections: short-lived, one per operation, so a killed process holds no lock
     def _connect(self) -> sqlite3.Connection:
@@ -182,8 +194,10 @@ class LifetimeBudget:
             db.close()
 
     def _unwritable(self, exc: sqlite3.OperationalError) -> OSError:
-        return OSError(f"lifetime_store: cannot write {self.path} ({exc}); nothing was charged for this step. "
-                       "Free space or fix the file's permissions, then resume the run (--resume RUN_DIR)")
+        return OSError(
+            f"lifetime_store: cannot write {self.path} ({exc}); nothing was charged for this step. "
+            "Free space or fix the file's permissions, then resume the run (--resume RUN_DIR)"
+        )
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -203,14 +217,16 @@ class LifetimeBudget:
         """The store's key for a dataset its owner names (``output.dataset_key``): shared by its versions."""
         cleaned = name.strip() if isinstance(name, str) else ""
         if not cleaned or len(cleaned) > _MAX_KEY_LENGTH or not cleaned.isprintable():
-            raise ValueError(f"dataset_key: must be a non-empty printable name of at most {_MAX_KEY_LENGTH} "
-                             f"characters, got {name!r}; name the dataset, e.g. --dataset-key support-tickets")
+            raise ValueError(
+                f"dataset_key: must be a non-empty printable name of at most {_MAX_KEY_LENGTH} "
+                f"characters, got {name!r}; name the dataset, e.g. --dataset-key support-tickets"
+            )
         return _DECLARED + cleaned
 
     @staticmethod
     def declared_name(dataset: str) -> str | None:
         """The owner's name of a declared key (public); None for a fingerprint (operator-only)."""
-        return dataset[len(_DECLARED):] if dataset.startswith(_DECLARED) else None
+        return dataset[len(_DECLARED) :] if dataset.startswith(_DECLARED) else None
 
     def find_declared(self, name: str) -> str | None:
         """The key of a declared dataset this store has runs for, or None."""
@@ -239,9 +255,11 @@ class LifetimeBudget:
             fixed, was_declared = float(row[0]), bool(row[1])
             if declared is not None and declared != fixed:
                 how = "declared" if was_declared else "fixed by its first run"
-                raise ValueError(f"lifetime_delta: this dataset's lifetime delta is {fixed:g} ({how}); it cannot "
-                                 f"change to {declared:g} (its cap is a filter set before the first run). Drop "
-                                 f"output.lifetime_delta (--lifetime-delta) or set it to {fixed:g}")
+                raise ValueError(
+                    f"lifetime_delta: this dataset's lifetime delta is {fixed:g} ({how}); it cannot "
+                    f"change to {declared:g} (its cap is a filter set before the first run). Drop "
+                    f"output.lifetime_delta (--lifetime-delta) or set it to {fixed:g}"
+                )
             return fixed
         legacy = db.execute("SELECT MIN(delta) FROM runs WHERE dataset = ?", (dataset,)).fetchone()[0]
         if declared is not None:
@@ -252,9 +270,18 @@ class LifetimeBudget:
         return fixed
 
     # -- runs and charges
-    def open_run(self, run_id: str, dataset: str, *, label: str, epsilon_budget: float, delta: float,
-                 cap: float | None = None, cap_overridden: bool = False,
-                 lifetime_delta: float | None = None) -> float:
+    def open_run(
+        self,
+        run_id: str,
+        dataset: str,
+        *,
+        label: str,
+        epsilon_budget: float,
+        delta: float,
+        cap: float | None = None,
+        cap_overridden: bool = False,
+        lifetime_delta: float | None = None,
+    ) -> float:
         """Register a run (idempotent: a resumed run keeps its row and its charges); its lifetime delta.
 
         The dataset's lifetime delta is ``lifetime_delta`` if declared, else fixed by its first
@@ -269,18 +296,24 @@ class LifetimeBudget:
                 raise ValueError(
                     f"dp.delta: this run's delta {delta:g} is larger than its dataset's lifetime delta {fixed:g} "
                     f"(output.lifetime_delta), and under a lifetime cap every run on the dataset is held to it; "
-                    f"run with --delta {fixed:g} or smaller (dp.delta)")
+                    f"run with --delta {fixed:g} or smaller (dp.delta)"
+                )
             row = db.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is not None:
                 if row[0] != dataset:
-                    raise ValueError(f"lifetime_store: run {run_id} was started on other data; resume it with the "
-                                     "same private records (and the same output.dataset_key)")
-                db.execute("UPDATE runs SET cap = ?, cap_overridden = MAX(cap_overridden, ?) WHERE run_id = ?",
-                           (cap, int(cap_overridden), run_id))
+                    raise ValueError(
+                        f"lifetime_store: run {run_id} was started on other data; resume it with the "
+                        "same private records (and the same output.dataset_key)"
+                    )
+                db.execute(
+                    "UPDATE runs SET cap = ?, cap_overridden = MAX(cap_overridden, ?) WHERE run_id = ?",
+                    (cap, int(cap_overridden), run_id),
+                )
                 return fixed
-            db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                       (run_id, dataset, label, time.time(), float(epsilon_budget), float(delta), cap,
-                        int(cap_overridden)))
+            db.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (run_id, dataset, label, time.time(), float(epsilon_budget), float(delta), cap, int(cap_overridden)),
+            )
         return fixed
 
     def mark_unsafe(self, run_id: str) -> None:
@@ -298,8 +331,7 @@ class LifetimeBudget:
         """
         index = int(entry["index"])
         with self._write() as db:
-            row = db.execute("SELECT dataset, cap_overridden, delta FROM runs WHERE run_id = ?",
-                             (run_id,)).fetchone()
+            row = db.execute("SELECT dataset, cap_overridden, delta FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 raise ValueError(f"lifetime_store: run {run_id} was not opened in {self.path}")
             dataset, overridden = row[0], bool(row[1])
@@ -307,21 +339,28 @@ class LifetimeBudget:
                 return
             if cap is not None and not overridden:
                 delta = self._fix_delta(db, dataset, float(row[2]), None)
-                events = [event_from_dict(json.loads(text)["event"]) for (text,) in
-                          db.execute("SELECT entry FROM charges WHERE dataset = ?", (dataset,))]
+                events = [
+                    event_from_dict(json.loads(text)["event"])
+                    for (text,) in db.execute("SELECT entry FROM charges WHERE dataset = ?", (dataset,))
+                ]
                 events.append(event_from_dict(dict(entry["event"])))
                 spent = filter_epsilon(events, delta)
                 if spent > cap:
-                    raise LifetimeCapExceeded(spent, cap, delta, f"charge {entry.get('label')!r}",
-                                              label=str(entry.get("label")))
-            db.execute("INSERT INTO charges VALUES (?, ?, ?, ?, ?)",
-                       (run_id, index, dataset, time.time(), json.dumps(dict(entry), allow_nan=False)))
+                    raise LifetimeCapExceeded(
+                        spent, cap, delta, f"charge {entry.get('label')!r}", label=str(entry.get("label"))
+                    )
+            db.execute(
+                "INSERT INTO charges VALUES (?, ?, ?, ?, ?)",
+                (run_id, index, dataset, time.time(), json.dumps(dict(entry), allow_nan=False)),
+            )
 
     def entries(self, run_id: str) -> list[dict[str, Any]]:
         """The recorded ledger entries of one run, in order."""
         with self._read() as db:
-            return [json.loads(text) for (text,) in
-                    db.execute("SELECT entry FROM charges WHERE run_id = ? ORDER BY idx", (run_id,))]
+            return [
+                json.loads(text)
+                for (text,) in db.execute("SELECT entry FROM charges WHERE run_id = ? ORDER BY idx", (run_id,))
+            ]
 
     def dataset_of(self, run_id: str) -> str | None:
         with self._read() as db:
@@ -333,15 +372,24 @@ class LifetimeBudget:
             rows = db.execute(
                 "SELECT r.run_id, r.label, r.started, r.epsilon_budget, r.delta, "
                 "(SELECT COUNT(*) FROM charges c WHERE c.run_id = r.run_id), r.cap, r.cap_overridden, r.unsafe "
-                "FROM runs r WHERE r.dataset = ? ORDER BY r.started", (dataset,)).fetchall()
+                "FROM runs r WHERE r.dataset = ? ORDER BY r.started",
+                (dataset,),
+            ).fetchall()
         return [LifetimeRun(r[0], r[1], r[2], r[3], r[4], int(r[5]), r[6], bool(r[7]), bool(r[8])) for r in rows]
 
     def datasets(self) -> list[str]:
         with self._read() as db:
             return [r[0] for r in db.execute("SELECT dataset FROM runs GROUP BY dataset ORDER BY MIN(started)")]
 
-    def total(self, dataset: str, delta: float | None = None, *, extra: Sequence[Any] = (),
-              accountants: Sequence[Accountant] | None = None, exclude_run: str | None = None) -> LifetimeTotal:
+    def total(
+        self,
+        dataset: str,
+        delta: float | None = None,
+        *,
+        extra: Sequence[Any] = (),
+        accountants: Sequence[Accountant] | None = None,
+        exclude_run: str | None = None,
+    ) -> LifetimeTotal:
         """Compose every recorded charge of ``dataset`` (plus ``extra`` planned events).
 
         At ``delta``, by default the dataset's lifetime delta (1e-5 for a dataset with no run).
@@ -350,21 +398,24 @@ class LifetimeBudget:
         if delta is None:
             delta = self.lifetime_delta(dataset) or 1e-5
         with self._read() as db:
-            events = [event_from_dict(json.loads(text)["event"]) for (text,) in
-                      db.execute("SELECT entry FROM charges WHERE dataset = ? AND run_id IS NOT ? ORDER BY recorded",
-                                 (dataset, exclude_run))]
+            events = [
+                event_from_dict(json.loads(text)["event"])
+                for (text,) in db.execute(
+                    "SELECT entry FROM charges WHERE dataset = ? AND run_id IS NOT ? ORDER BY recorded",
+                    (dataset, exclude_run),
+                )
+            ]
         runs = [r for r in self.runs(dataset) if r.run_id != exclude_run]
         unsafe = sum(r.unsafe for r in runs)
         events += list(extra)
         if not events:
             nothing = math.inf if unsafe else 0.0
             return LifetimeTotal(nothing, delta, {}, "none (no charges)", len(runs), 0, unsafe, nothing)
-        bounds = _all_bounds(list(accountants or default_accountants()), events, delta)
+        bounds = all_bounds(list(accountants or default_accountants()), events, delta)
         name = min(bounds, key=bounds.__getitem__)
         epsilon = math.inf if unsafe else bounds[name]
         filtered = math.inf if unsafe else filter_epsilon(events, delta)
         return LifetimeTotal(epsilon, delta, bounds, name, len(runs), len(events) - len(extra), unsafe, filtered)
 
 
-__all__ = ["FILTER_ORDERS", "LifetimeBudget", "LifetimeCapExceeded", "LifetimeRun", "LifetimeTotal",
-           "STORE_NAME", "filter_epsilon"]
+__all__ = ["FILTER_ORDERS", "LifetimeBudget", "LifetimeCapExceeded", "LifetimeRun", "LifetimeTotal", "filter_epsilon"]

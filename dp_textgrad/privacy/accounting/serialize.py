@@ -42,13 +42,14 @@ def _encode_value(value: Any) -> Any:
 
 def event_to_dict(event: dpe.DpEvent) -> dict[str, Any]:
     """JSON-able form of a DpEvent: ``{"type": class name, <fields>}``, nested events inline."""
-    if not isinstance(event, dpe.DpEvent) or not attr.has(type(event)):
-        raise TypeError(f"event: expected an attrs DpEvent, got {type(event).__name__}")
+    cls = type(event)
+    if not isinstance(event, dpe.DpEvent) or not attr.has(cls):
+        raise TypeError(f"event: expected an attrs DpEvent, got {cls.__name__}")
     name = type(event).__name__
     if _event_registry().get(name) is not type(event):
         raise TypeError(f"event: {name} is not a known dp-accounting or dp-textgrad event type")
     out: dict[str, Any] = {"type": name}
-    for f in attr.fields(type(event)):
+    for f in attr.fields(cls):
         out[f.name] = _encode_value(getattr(event, f.name))
     return out
 
@@ -87,9 +88,9 @@ def event_from_dict(data: Mapping[str, Any]) -> dpe.DpEvent:
     return _event_from_dict(data, _event_registry())
 
 
-def _encode_float(x: float) -> float | str:
+def encode_float(x: float) -> float | str:
     return x if math.isfinite(x) else repr(float(x))
 
 
-def _decode_float(x: float | str) -> float:
+def decode_float(x: float | str) -> float:
     return float(x)

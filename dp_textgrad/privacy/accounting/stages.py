@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as dpe
 
-from dp_textgrad.privacy.accounting.events import _pure_epsilon
+from dp_textgrad.privacy.accounting.events import pure_epsilon_of
 
 
 class CompletedStages:
@@ -26,8 +26,11 @@ class CompletedStages:
     _entries: list[Any]
     _completed_stages: list[dict[str, Any]]  # {"end": first entry after the stage, "epsilon": its epsilon}
     persist_path: str | None
-    unsafe: bool
     persist_to: Any
+    if TYPE_CHECKING:
+
+        @property
+        def unsafe(self) -> bool: ...
 
     @property
     def completed_stage_epsilon(self) -> float:
@@ -52,16 +55,19 @@ class CompletedStages:
         the later stage's own bound. The stage must be pure DP (its delta is 0); returns its epsilon.
         """
         events = self._stage_events()
-        epsilon = _pure_epsilon(dpe.ComposedDpEvent(events)) if events else 0.0
+        epsilon = pure_epsilon_of(dpe.ComposedDpEvent(events)) if events else 0.0
         if epsilon is None or not math.isfinite(epsilon):
-            raise ValueError("complete_stage: only a stage of pure-DP events (finite epsilon, delta 0) can be "
-                             "completed; its events are composed with the next stage otherwise")
+            raise ValueError(
+                "complete_stage: only a stage of pure-DP events (finite epsilon, delta 0) can be "
+                "completed; its events are composed with the next stage otherwise"
+            )
         self._completed_stages.append({"end": len(self._entries), "epsilon": float(epsilon)})
         if events:  # the stage's last entry states the totals after it: now the stage's pure epsilon
             last = self._entries[-1]
             totals = {name: self.completed_stage_epsilon for name in last.epsilons}
-            self._entries[-1] = replace(last, epsilons=totals,
-                                        epsilon=math.inf if self.unsafe else self.completed_stage_epsilon)
+            self._entries[-1] = replace(
+                last, epsilons=totals, epsilon=math.inf if self.unsafe else self.completed_stage_epsilon
+            )
         self.persist_to(self.persist_path)  # the ledger's own writer (a no-op when it is in memory only)
         return float(epsilon)
 

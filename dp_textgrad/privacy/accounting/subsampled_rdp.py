@@ -46,14 +46,20 @@ def _integer_cgf(order: int, q: float, base: np.ndarray) -> float:
     ]
     if order >= 3:
         ells = np.arange(3, order + 1, dtype=np.float64)
-        higher = (_LOG3 + _log_binomial(order, ells) + ells * log_q + (order - ells) * log_keep
-                  + (ells - 1.0) * base[1:order - 1])
+        higher = (
+            _LOG3
+            + _log_binomial(order, ells)
+            + ells * log_q
+            + (order - ells) * log_keep
+            + (ells - 1.0) * base[1 : order - 1]
+        )
         terms.extend(higher.tolist())
     return float(logsumexp(terms))
 
 
-def poisson_subsampled_rdp(base_rdp: Callable[[np.ndarray], np.ndarray], q: float,
-                           orders: np.ndarray | list[float]) -> np.ndarray:
+def poisson_subsampled_rdp(
+    base_rdp: Callable[[np.ndarray], np.ndarray], q: float, orders: np.ndarray | list[float]
+) -> np.ndarray:
     """RDP at each of ``orders`` of a mechanism with RDP curve ``base_rdp`` on a Poisson subsample.
 
     ``base_rdp`` maps an array of integer orders to the mechanism's RDP there (valid in

@@ -1,0 +1,189 @@
+"""L1 audit of the scorer as the library runs it: the real ``DPScorer`` at q < 1.
+
+Unlike the other mechanism audits, nothing is simulated here: each run calls
+``DPScorer.score`` (Gaussian scores) or ``DPScorer.select`` (Gumbel top-k) on a tiny
+table task, so the real clipping, Poisson subsampling, charge and noise are what is
+audited. The claim is read from what the runs actually charged (a recording ledger),
+so a mechanism that skips its charge claims 0 and any positive lower bound flags it.
+
+The canary scores 3C for candidate 0 (0 for the others); every background record
+scores 0. Clipping to [0, C] bounds its effect; a scorer that forgot to clip would
+shift candidate 0 by 3C. In the confusion audit the canary is also the one record the
+candidate gets wrong (gold "yes", predicted "no"), so it adds 1 to one cell of the
+released confusion matrix, which rides on the same subsample and charge as the score.
+
+The canary stands at each of ``positions`` places in turn (one group of runs per place,
+Bonferroni over the groups): a subsample that is not
+secret (drawn with a fixed seed) holds some places in every run, and there the
+release is not amplified.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import numpy as np
+
+from dp_textgrad.audit.mechanism_audits.trials import MechanismAuditResult, Trials, claimed_epsilon
+from dp_textgrad.audit.statistics.lower_bounds import EpsilonLowerBound, eps_lower_bound_from_scores
+from dp_textgrad.privacy.data import PrivateDataset
+from dp_textgrad.privacy.mechanisms import GaussianScoreMechanism, GumbelTopK
+from dp_textgrad.privacy.noise import NoiseSource
+
+_CANARY_RAW = 3.0  # in units of C: above the clip bound on purpose
+
+
+class _Record:
+    def __init__(self, canary: bool) -> None:
+        self.canary = canary
+
+
+class _TableTask:
+    """What ``DPScorer`` reads from a task: a private set, labels, a clip bound, outcomes."""
+
+    labels = ["yes", "no"]
+
+    def __init__(self, records: list[_Record], clip_bound: float) -> None:
+        self.private_train = PrivateDataset(records)
+        self.clip_bound = clip_bound
+
+    def private_outcomes(self, engine: Any, prompt: str, batch: Any) -> Any:
+        from dp_textgrad.tasks.base import RecordOutcomes
+
+        favoured = prompt == "candidate 0"
+        canary = np.array([r.unwrap().canary for r in batch], dtype=bool)
+        raw = np.where(canary & favoured, _CANARY_RAW * self.clip_bound, 0.0)
+        return RecordOutcomes(scores=raw, gold=np.zeros(len(raw), dtype=int), predicted=canary.astype(int))
+
+
+class _Candidate:
+    def __init__(self, index: int) -> None:
+        self.id, self.text = f"c{index}", f"candidate {index}"
+
+
+class _RecordingLedger:
+    """Records each charge; the claim is computed once from them (see the module docstring)."""
+
+    replayed = 0  # charges adopted on a resume: an audit never resumes
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.unsafe = False
+
+    def spend(self, event: Any, label: str, metadata: Any = None) -> None:
+        self.events.append(event)
+
+
+def audit_scorer(
+    *,
+    mechanism: Literal["gaussian", "confusion", "exponential"] = "gaussian",
+    sampling_rate: float = 0.5,
+    noise_multiplier: float = 2.0,
+    feedback_noise_multiplier: float = 1.0,
+    epsilon0: float = 2.0,
+    candidates: int = 20,
+    positions: int = 4,
+    background: int = 3,
+    clip_bound: float = 1.0,
+    runs: int = 12000,
+    delta: float = 1e-5,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> MechanismAuditResult:
+    """Audit the real ``DPScorer`` path on D vs D + canary (``runs`` per arm, split over the positions).
+
+    Gaussian: the statistic is candidate 0's released noisy sum (one candidate). Confusion:
+    the same sum plus candidate 0's noisy confusion matrix (``feedback_noise_multiplier``),
+    combined as the likelihood-ratio statistic of the canary's shift (C on the sum, 1 on
+    the cell yes -> no), each part divided by its released noise variance. Exponential:
+    whether candidate 0 was selected (Gumbel top-1 among ``candidates``); with many
+    candidates "candidate 0" is rare without the canary, so the amplified pure-DP
+    likelihood ratio 1 - q + q K P(selected | canary sampled) shows at moderate sample sizes.
+    """
+    from dp_textgrad.dp_es.scorer import DPScorer  # the real scorer, imported when audited
+
+    trials = Trials.checked(runs, sampling_rate, 1.0, delta, alpha, False, seed)
+    if mechanism not in ("gaussian", "confusion", "exponential"):
+        raise ValueError(f"mechanism: use 'gaussian', 'confusion' or 'exponential', got {mechanism!r}")
+    if positions < 1 or positions > background + 1:
+        raise ValueError(f"positions: must be in [1, background + 1 = {background + 1}], got {positions}")
+    started = time.perf_counter()
+    scores_only = mechanism != "exponential"
+    k = 1 if scores_only else candidates
+    pool = [_Candidate(i) for i in range(k)]
+    per_group = max(1, trials.runs // positions)
+
+    def arm(records: list[_Record], noise_seed: int, ledger: _RecordingLedger, count: int) -> np.ndarray:
+        # A table task in place of a ClassificationTask, and no engine: the table gives the outcomes.
+        table: Any = _TableTask(records, clip_bound)
+        scorer = DPScorer(
+            table,
+            None,  # type: ignore[arg-type]  # no engine: the table task gives the outcomes
+            ledger,
+            sampling_rate=trials.sampling_rate,
+            dataset_size=len(records),
+            noise=NoiseSource(insecure_seed=noise_seed),
+        )
+        if mechanism == "gaussian":
+            released = GaussianScoreMechanism(noise_multiplier, clip_bound, 1)
+            return np.array([scorer.score(pool, released, "audit").noisy_sums[0] for _ in range(count)])
+        if mechanism == "confusion":
+            with_matrix = GaussianScoreMechanism(noise_multiplier, clip_bound, 1, feedback_noise_multiplier)
+            # the likelihood-ratio weights: each part's shift over its noise variance
+            weights = (clip_bound / with_matrix.noise_std**2, 1.0 / with_matrix.confusion_noise_std(1) ** 2)
+            out = []
+            for _ in range(count):
+                release = scorer.score(pool, with_matrix, "audit", feedback_candidates=[0])
+                assert release.confusion is not None  # feedback_candidates asked for it
+                out.append(weights[0] * release.noisy_sums[0] + weights[1] * release.confusion[0][0, 1])
+            return np.array(out)
+        selection = GumbelTopK(epsilon0, 1, clip_bound)
+        return np.array([float(scorer.select(pool, selection, "audit")[0] == 0) for _ in range(count)])
+
+    ledger = _RecordingLedger()
+    base = 10_000 * (seed + 1)
+    nonmembers = arm([_Record(False) for _ in range(background)], base, _RecordingLedger(), trials.runs)
+    bounds: list[EpsilonLowerBound] = []
+    for position in range(positions):
+        records = [_Record(False) for _ in range(background)]
+        records.insert(position, _Record(True))
+        members = arm(records, base + 1 + position, ledger, per_group)
+        if scores_only:
+            bound = eps_lower_bound_from_scores(members, nonmembers, delta, alpha / positions, 0.5, seed=seed)
+        else:
+            bound = eps_lower_bound_from_scores(
+                members, nonmembers, delta, alpha / positions, "bonferroni", thresholds=[0.5]
+            )
+        bounds.append(bound)
+    # The claim is what each run charged; a run that charged nothing claims nothing.
+    charged = ledger.events
+    claim = claimed_epsilon(charged[0], delta) if len(charged) == per_group * positions else 0.0
+    if any(repr(e) != repr(charged[0]) for e in charged):
+        raise RuntimeError("audit_scorer: runs charged different events; the claim would not apply")
+    best = max(bounds, key=lambda b: b.epsilon)
+    return trials.result(
+        f"scorer_{mechanism}",
+        claim,
+        best,
+        None,
+        started=started,
+        parameters={
+            "mechanism": mechanism,
+            "noise_multiplier": float(noise_multiplier),
+            "epsilon0": float(epsilon0),
+            "feedback_noise_multiplier": float(feedback_noise_multiplier),
+            "candidates": k,
+            "positions": positions,
+            "background": background,
+            "clip_bound": float(clip_bound),
+            "runs_per_position": per_group,
+            "seed": seed,
+            "eps_lb_by_position": [round(b.epsilon, 4) for b in bounds],
+        },
+        note="the real DPScorer (clipping, Poisson subsampling, charge, noise); claim from the charged events; "
+        "canary at each position, Bonferroni over positions",
+    )
+
+
+__all__ = ["audit_scorer"]

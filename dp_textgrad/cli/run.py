@@ -1,0 +1,301 @@
+"""``dp-textgrad demo`` and ``dp-textgrad optimize`` (``--resume`` included): runs through the front door.
+
+Both call :func:`dp_textgrad.optimize` / :func:`dp_textgrad.resume` with observers of the run's
+event stream: the console display (or the ``--json`` printer, or ``--quiet``), the trackers
+(``--mlflow``) and the Ctrl-C handler. Heavy modules are imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from dp_textgrad.cli._console import EXIT_STOPPED_EARLY, config_from, console, guarded
+from dp_textgrad.cli.progress import JSON_HELP, MLFLOW_HELP, QUIET_HELP, GracefulStop, Output
+
+# Measured (docs/benchmarks.md, "The demo"): 3 x 4 candidates on ~50 records, then 500 test records.
+DEMO_RECORDS_PER_GENERATION = 50
+
+
+def _start_run_dir(runs_root: Path, settings) -> Path:
+    """A new run directory holding the settings that ``optimize --resume`` rebuilds the task and engine from."""
+    from dp_textgrad import runs
+
+    directory = runs.new_run_dir(runs_root)
+    runs.write_json(directory / runs.CLI_SETTINGS_NAME, settings.model_dump(mode="json"))
+    return directory
+
+
+def _observers(output: Output, settings, stop: GracefulStop, scoring_actors: int | None = None) -> list[Any]:
+    """The run's observers, in the order they see each event: trackers, the display, the Ctrl-C handler."""
+    from dp_textgrad.tracking import trackers_for
+
+    return [*trackers_for(settings.output), output.observer(scoring_actors=scoring_actors), stop]
+
+
+def _finish(outcome) -> None:
+    from dp_textgrad.run_events import stopped_early
+
+    if stopped_early(outcome.result.stopped_because):
+        raise typer.Exit(EXIT_STOPPED_EARLY)
+
+
+def demo(
+    epsilon: float = typer.Option(4.0, help="total privacy budget epsilon"),
+    delta: float | None = typer.Option(None, help="total delta (default 1e-5; min(1e-5, 1/(10N)) for a declared N)"),
+    generations: int = typer.Option(3, help="DP generations"),
+    population: int = typer.Option(4, help="candidates per generation"),
+    parents: int = typer.Option(2, help="parents per generation"),
+    n_private: int = typer.Option(1500, help="size of the built-in private training set"),
+    n_test: int = typer.Option(500, help="size of the built-in test split (the paired test needs a few hundred)"),
+    sampling_rate: float | None = typer.Option(None, help="Poisson sampling rate q (default about 50 records)"),
+    selection: str = typer.Option("gaussian", help="gaussian | exponential | permute_and_flip"),
+    seed: int = typer.Option(0, help="seed of the task generator and of non-private choices"),
+    runs_root: Path = typer.Option(Path("runs"), help="where run directories are created"),
+    mlflow: str | None = typer.Option(None, help=MLFLOW_HELP),
+    json_lines: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Run DP-ES end to end on the built-in private task with the embedded local model."""
+    holder: dict[str, Path] = {}
+    output = Output(console, json_lines=json_lines, quiet=quiet)
+
+    def action():
+        from dp_textgrad.front import optimize as run_optimize
+        from dp_textgrad.settings import EngineSection, OptimizeSettings, OutputSection, TaskSection, supports_feedback
+        from dp_textgrad.tasks.synthetic import make_support_task
+
+        task = make_support_task(seed=seed, n_private=n_private, n_test=n_test)
+        q = min(1.0, DEMO_RECORDS_PER_GENERATION / len(task.private_train)) if sampling_rate is None else sampling_rate
+        config = config_from(
+            dict(
+                epsilon=epsilon,
+                delta=delta,
+                generations=generations,
+                population=population,
+                parents=parents,
+                sampling_rate=q,
+                seed=seed,
+                selection=selection,
+                feedback="dp_confusion" if supports_feedback(selection) else "none",
+            )
+        )
+        console.print("Loading the local model (Gemma 3 270M via llama.cpp; first use assembles the GGUF)...")
+        settings = OptimizeSettings(
+            task=TaskSection(name="support", options=dict(seed=seed, n_private=n_private, n_test=n_test)),
+            engine=EngineSection(kind="llama_cpp"),
+            dp=config,
+            output=OutputSection(runs_root=runs_root, mlflow=mlflow),
+        )
+        engine = settings.engine.build()
+        holder["dir"] = _start_run_dir(runs_root, settings)
+        with GracefulStop() as stop:
+            return run_optimize(
+                task,
+                engine,
+                config,
+                run_dir=holder["dir"],
+                runs_root=runs_root,
+                observers=_observers(output, settings, stop),
+                lifetime=settings.output.lifetime(),
+                task_name="support (built-in)",
+                engine_name=engine.model_string,
+            )
+
+    with output:
+        _finish(guarded(action, lambda: holder.get("dir")))
+
+
+_RESUME_FIXED = (
+    "config",
+    "epsilon",
+    "delta",
+    "generations",
+    "population",
+    "parents",
+    "sampling_rate",
+    "selection",
+    "seed",
+    "task",
+    "train",
+    "test",
+    "runs_root",
+    "encoding",
+)
+
+
+def optimize(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="YAML or TOML file (sections: task, engine, dp, output)"
+    ),
+    resume: Path | None = typer.Option(None, "--resume", help="continue the run in RUN_DIR from its checkpoint"),
+    epsilon: float | None = typer.Option(None, help="total privacy budget epsilon (dp.epsilon)"),
+    delta: float | None = typer.Option(
+        None, help="total delta (dp.delta; default 1e-5; min(1e-5, 1/(10N)) for a declared N)"
+    ),
+    generations: int | None = typer.Option(None, help="DP generations (dp.generations)"),
+    population: int | None = typer.Option(None, help="candidates per generation (dp.population)"),
+    parents: int | None = typer.Option(None, help="parents per generation (dp.parents)"),
+    sampling_rate: float | None = typer.Option(None, help="Poisson sampling rate q (dp.sampling_rate)"),
+    selection: str | None = typer.Option(None, help="gaussian | exponential | permute_and_flip (dp.selection)"),
+    seed: int | None = typer.Option(None, help="seed of non-private choices (dp.seed); never of DP noise"),
+    task: str | None = typer.Option(None, help="built-in task: support | sst2 | banking77 (task.name)"),
+    train: Path | None = typer.Option(None, help="private training file .csv/.tsv/.jsonl (task.train)"),
+    test: Path | None = typer.Option(None, help="test file (task.test)"),
+    encoding: str | None = typer.Option(None, help="encoding of the task files, e.g. latin-1 (task.encoding)"),
+    engine: str | None = typer.Option(None, help="llama_cpp | openai | transformers (engine.kind)"),
+    base_url: str | None = typer.Option(None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1"),
+    model: str | None = typer.Option(None, help="engine.model: GGUF path, model name, or HF name/path"),
+    runs_root: Path | None = typer.Option(None, help="where run directories are created (output.runs_root)"),
+    lifetime_cap: float | None = typer.Option(
+        None, help="refuse to push the dataset's lifetime epsilon past this (output.lifetime_cap)"
+    ),
+    override_lifetime_cap: bool = typer.Option(
+        False, "--override-lifetime-cap", help="run even past the lifetime cap (recorded in the ledger)"
+    ),
+    lifetime_store: Path | None = typer.Option(
+        None, help="lifetime budget store (output.lifetime_store; default RUNS_ROOT/operator/lifetime_budget.sqlite)"
+    ),
+    dataset_key: str | None = typer.Option(
+        None, help="name the dataset in the lifetime store, shared by its versions (output.dataset_key; public)"
+    ),
+    lifetime_delta: float | None = typer.Option(
+        None, help="the dataset's lifetime delta (output.lifetime_delta; default: fixed by its first run)"
+    ),
+    mlflow: str | None = typer.Option(None, help=MLFLOW_HELP + " (output.mlflow)"),
+    distributed: bool = typer.Option(False, "--distributed", help="score on Ray actors (distributed.enabled)"),
+    actors: int | None = typer.Option(None, help="Ray actors, one partition each (distributed.actors)"),
+    ray_address: str | None = typer.Option(None, help="Ray cluster address (distributed.address; default local)"),
+    json_lines: bool = typer.Option(False, "--json", help=JSON_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+) -> None:
+    """Optimize a prompt with DP-ES on your data and any engine. Flags override the config file."""
+    output = Output(console, json_lines=json_lines, quiet=quiet)
+    given = dict(
+        config=config,
+        epsilon=epsilon,
+        delta=delta,
+        generations=generations,
+        population=population,
+        parents=parents,
+        sampling_rate=sampling_rate,
+        selection=selection,
+        seed=seed,
+        task=task,
+        train=train,
+        test=test,
+        runs_root=runs_root,
+        encoding=encoding,
+    )
+    engine_flags = dict(kind=engine, base_url=base_url, model=model)
+    lifetime_flags = dict(
+        lifetime_cap=lifetime_cap,
+        override_lifetime_cap=override_lifetime_cap or None,
+        lifetime_store=lifetime_store,
+        dataset_key=dataset_key,
+        lifetime_delta=lifetime_delta,
+        mlflow=mlflow,
+    )
+    scale_flags = dict(enabled=distributed or None, actors=actors, address=ray_address)
+    holder: dict[str, Path] = {}
+
+    def action():
+        from dp_textgrad import runs
+        from dp_textgrad.dp_es.config import ConfigError
+        from dp_textgrad.settings import build_settings, read_config_file
+
+        if resume is not None:
+            fixed = [f"--{k.replace('_', '-')}" for k in _RESUME_FIXED if given[k] is not None]
+            if fixed:
+                raise ConfigError(
+                    f"resume: {', '.join(fixed)} cannot be given with --resume; the task, budget "
+                    "and schedule of a run are fixed by its checkpoint (only --engine, "
+                    "--base-url, --model may change)"
+                )
+            from dp_textgrad.workflow import check_resumable
+
+            directory = resume
+            check_resumable(directory)  # before the engine loads: a finished run or no checkpoint is refused
+            if not (directory / runs.CLI_SETTINGS_NAME).is_file():
+                raise ConfigError(
+                    f"resume: no {runs.CLI_SETTINGS_NAME} in {directory} (the run was not started "
+                    "from the command line); resume it with dp_textgrad.resume(RUN_DIR, task, engine)"
+                )
+            saved = runs.read_json(directory / runs.CLI_SETTINGS_NAME)
+            saved["dp"] = runs.RunDir(directory).saved_config()
+            settings = build_settings(
+                saved, {"engine": engine_flags, "output": lifetime_flags, "distributed": scale_flags}
+            )
+            holder["dir"] = directory
+        else:
+            raw = read_config_file(config) if config is not None else {}
+            if raw.get("task", {}) is None:  # "task:" with nothing under it: no task section
+                del raw["task"]
+            flags = {
+                "dp": dict(
+                    epsilon=epsilon,
+                    delta=delta,
+                    generations=generations,
+                    population=population,
+                    parents=parents,
+                    sampling_rate=sampling_rate,
+                    selection=selection,
+                    seed=seed,
+                ),
+                "task": dict(
+                    name=task,
+                    train=train.resolve() if train else None,
+                    test=test.resolve() if test else None,
+                    encoding=encoding,
+                ),
+                "engine": engine_flags,
+                "output": dict(runs_root=runs_root, **lifetime_flags),
+                "distributed": scale_flags,
+            }
+            settings = build_settings(raw, flags, source=config)
+            if config is not None and not raw.get("task") and task is None and train is None and test is None:
+                raise ConfigError(_no_task_message(config))
+            directory = None
+        the_task = settings.task.build()
+        the_engine = settings.engine.build()
+        if directory is None:
+            directory = holder["dir"] = _start_run_dir(settings.output.runs_root, settings)
+        pool = settings.distributed.build(settings.engine) if settings.distributed.enabled else None
+        names = dict(
+            task_name=settings.task.display_name(),
+            engine_name=str(getattr(the_engine, "model_string", settings.engine.kind)),
+        )
+        with GracefulStop() as stop, pool or contextlib.nullcontext():
+            observers = _observers(output, settings, stop, scoring_actors=pool.actors if pool is not None else None)
+            common = dict(
+                observers=observers,
+                evaluate=settings.output.evaluate,
+                lifetime=settings.output.lifetime(),
+                scoring=pool,
+                **names,
+            )
+            if resume is not None:
+                from dp_textgrad.front import resume as run_resume
+
+                return run_resume(directory, the_task, the_engine, **common)
+            from dp_textgrad.front import optimize as run_optimize
+
+            return run_optimize(
+                the_task, the_engine, settings.dp, run_dir=directory, runs_root=settings.output.runs_root, **common
+            )
+
+    with output:
+        _finish(guarded(action, lambda: holder.get("dir")))
+
+
+def _no_task_message(config: Path) -> str:
+    # A run file says what to run: an empty or task-less one is refused before anything is charged,
+    # not quietly given the built-in task (which stays the default without --config, as documented).
+    return (
+        f"task: {config.name} has no task section, so there is nothing to run; add task.name (a built-in "
+        "task: support, sst2, banking77) or task.train and task.test (your files), or pass --task or "
+        "--train/--test; to try the built-in task on the local model, run `dp-textgrad demo`"
+    )
