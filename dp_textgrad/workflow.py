@@ -48,29 +48,94 @@ class Evaluation:
     discordant: tuple[int, int] | None = None  # (released right and seed wrong, the reverse)
 
 
-def paired_evaluation(task: ClassificationTask, engine: Any, seed_prompt: str, released_prompt: str) -> Evaluation:
-    """Both prompts on the same test records, compared pairwise (McNemar, paired interval)."""
+def scores_on_test(task: ClassificationTask, engine: Any, prompt: str) -> np.ndarray:
+    """Per-record scores in [0, 1] of ``prompt`` on the task's public test split (charges nothing).
+
+    The scoring is the task's: a task with ``public_scores(engine, prompt, records)`` (a
+    generation task and its metric) is asked for them; a classification task scores 1 for the
+    right label and 0 otherwise. No private record is read.
+    """
+    own = getattr(task, "public_scores", None)
+    if own is not None:
+        return np.asarray(own(engine, prompt, task.test), dtype=float)
+    outcomes = task.public_outcomes(engine, prompt, task.test)
+    return np.asarray(outcomes.predicted == outcomes.gold, dtype=float)
+
+
+def compare_paired(first: np.ndarray, second: np.ndarray) -> Evaluation:
+    """``second`` against ``first`` on the same records: the paired difference and, for 0/1 scores, McNemar."""
     from scipy import stats
 
-    seed = task.public_outcomes(engine, seed_prompt, task.test)
-    released = seed if released_prompt == seed_prompt else task.public_outcomes(engine, released_prompt, task.test)
-    seed_right = np.asarray(seed.predicted == seed.gold, dtype=float)
-    released_right = np.asarray(released.predicted == released.gold, dtype=float)
-    diff = released_right - seed_right
+    diff = second - first
     n = diff.size
+    binary = bool(np.isin(first, (0.0, 1.0)).all() and np.isin(second, (0.0, 1.0)).all())
     better, worse = int(np.sum(diff > 0)), int(np.sum(diff < 0))
     p_value = 1.0 if better + worse == 0 else float(stats.binomtest(better, better + worse, 0.5).pvalue)
     half = 1.959963984540054 * float(np.std(diff, ddof=1)) / np.sqrt(n) if n > 1 else float("nan")
     return Evaluation(
-        seed_accuracy=float(seed_right.mean()),
-        released_accuracy=float(released_right.mean()),
+        seed_accuracy=float(first.mean()),
+        released_accuracy=float(second.mean()),
         n_test=n,
         difference=float(diff.mean()),
         difference_low=float(diff.mean() - half),
         difference_high=float(diff.mean() + half),
-        mcnemar_p=p_value,
-        discordant=(better, worse),
+        mcnemar_p=p_value if binary else None,
+        discordant=(better, worse) if binary else None,
     )
+
+
+def paired_evaluation(task: ClassificationTask, engine: Any, seed_prompt: str, released_prompt: str) -> Evaluation:
+    """Both prompts on the same test records, compared pairwise (McNemar, paired interval)."""
+    seed = scores_on_test(task, engine, seed_prompt)
+    released = seed if released_prompt == seed_prompt else scores_on_test(task, engine, released_prompt)
+    return compare_paired(seed, released)
+
+
+@dataclass
+class PromptScore:
+    """One prompt's mean score on the public test split with its 95% interval (not covered by DP).
+
+    ``interval``: ``wilson`` for 0/1 scores (accuracy), else ``bootstrap`` (percentile).
+    ``against_first``: the paired comparison with the first prompt scored (None for the first).
+    """
+
+    score: float
+    low: float
+    high: float
+    n_test: int
+    interval: str
+    against_first: Evaluation | None = None
+
+
+def evaluate_prompts(task: ClassificationTask, engine: Any, prompts: list[str]) -> list[PromptScore]:
+    """Score each prompt on ``task.test`` (public; charges nothing, reads no private record).
+
+    Per prompt its mean score (accuracy for a classification task) with a Wilson interval, or a
+    bootstrap one for scores that are not all 0 or 1; every prompt after the first is compared
+    with the first on the same records as :func:`paired_evaluation` does.
+    """
+    from scipy import stats
+
+    from dp_textgrad.report.plots import accuracy_ci
+
+    if not task.test:
+        raise ValueError("test: the task has no test records to score prompts on; give it a test split")
+    scored: dict[str, np.ndarray] = {}
+    results: list[PromptScore] = []
+    for prompt in prompts:
+        if prompt not in scored:
+            scored[prompt] = scores_on_test(task, engine, prompt)
+        values = scored[prompt]
+        mean = float(values.mean())
+        if np.isin(values, (0.0, 1.0)).all():
+            (low, high), interval = accuracy_ci(mean, values.size), "wilson"
+        else:
+            ci = stats.bootstrap((values,), np.mean, confidence_level=0.95, method="percentile", random_state=0)
+            low, high = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+            interval = "bootstrap"
+        against = compare_paired(scored[prompts[0]], values) if results else None
+        results.append(PromptScore(mean, low, high, values.size, interval, against))
+    return results
 
 
 @dataclass

@@ -63,12 +63,12 @@ def llama_server() -> Iterator[LlamaCppServer]:
 
 @pytest.fixture(scope="session")
 def openai_fake_engine() -> Iterator:
-    """An ``OpenAIEngine`` against the fake server (fast; its model is a fixed rule), with a
-    2048-token context so that over-long prompts fail like on a real server."""
+    """An ``OpenAIEngine`` (exact echo scoring) against the fake server (fast; its model is a
+    fixed rule), with a 2048-token context so that over-long prompts fail like on a real server."""
     from dp_textgrad.engines.openai_engine import OpenAIEngine
 
     with FaultServer(context_limit=2048) as server:
-        engine = OpenAIEngine("fake-model", base_url=server.base_url, mode="completions",
+        engine = OpenAIEngine("fake-model", base_url=server.base_url, mode="completions", scoring="echo",
                               max_retries=1, backoff_base=0.01, timeout=30)
         yield engine
         engine.close()
@@ -84,7 +84,7 @@ def openai_llama_engine(llama_server: LlamaCppServer) -> Iterator:
     """
     from dp_textgrad.engines.openai_engine import OpenAIEngine
 
-    engine = OpenAIEngine(LLAMA_MODEL_ALIAS, base_url=llama_server.base_url, mode="completions",
+    engine = OpenAIEngine(LLAMA_MODEL_ALIAS, base_url=llama_server.base_url, mode="completions", scoring="echo",
                           cache=True, max_concurrency=2, timeout=600, max_retries=1, default_max_tokens=16)
     try:
         yield engine

@@ -99,6 +99,10 @@ class FaultServer:
     ``reply``: prompt text -> generated text.
     ``context_limit``: prompts of more fake tokens are refused with HTTP 400, and the
     error message quotes the prompt (as some real servers' messages do).
+    ``tokenizer``: serve llama-cpp-python's ``/extras/tokenize`` and ``/extras/detokenize``
+    (fake tokens numbered in order of first sight, BOS = 0 added in front).
+    ``echo_delay``: extra seconds every echo request waits (a server whose echo is slow).
+    Scripted faults apply to the OpenAI endpoints (``.../completions``) only.
     """
 
     def __init__(
@@ -110,6 +114,8 @@ class FaultServer:
         first_token_top: dict[str, float] | None = None,
         reply: Callable[[str], str] | None = None,
         context_limit: int | None = None,
+        tokenizer: bool = False,
+        echo_delay: float = 0.0,
     ) -> None:
         self.latency = latency
         self.preferences = dict(preferences or {})
@@ -117,6 +123,9 @@ class FaultServer:
         self.first_token_top = dict(first_token_top or {" ok": -0.1, " yes": -2.5, " no": -3.0})
         self.reply = reply or (lambda prompt: f" answer to {len(prompt)} chars")
         self.context_limit = context_limit
+        self.tokenizer = tokenizer
+        self.echo_delay = echo_delay
+        self._vocab: dict[str, int] = {}
         self.requests: list[RecordedRequest] = []
         self.max_in_flight = 0
         self._in_flight = 0
@@ -185,7 +194,22 @@ class FaultServer:
         with self._lock:
             self._in_flight -= 1
 
+    def _tokenize(self, text: str) -> list[int]:
+        with self._lock:
+            return [0] + [self._vocab.setdefault(token, len(self._vocab) + 1) for token in fake_tokens(text)]
+
+    def _detokenize(self, ids: list[int]) -> str:
+        with self._lock:
+            pieces = {i: token for token, i in self._vocab.items()}
+        return "".join(pieces.get(i, "") for i in ids)
+
     def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.tokenizer and path.endswith("/extras/tokenize"):
+            return {"tokens": self._tokenize(body["input"])}
+        if self.tokenizer and path.endswith("/extras/detokenize"):
+            return {"text": self._detokenize(body["tokens"])}
+        if body.get("echo") and self.echo_delay:
+            time.sleep(self.echo_delay)
         if self.context_limit is not None:
             prompt = body.get("prompt") or "\n".join(str(m.get("content")) for m in body.get("messages", []))
             if len(fake_tokens(prompt)) > self.context_limit:
@@ -306,7 +330,7 @@ def _make_handler(server: FaultServer) -> type[BaseHTTPRequestHandler]:
             self._send(status, payload, headers)
 
         def _respond(self, body: dict[str, Any]) -> tuple[int, bytes, dict[str, str] | None]:
-            fault = server._next_fault()
+            fault = server._next_fault() if self.path.endswith("completions") else None
             delay = server.latency + (fault.delay if fault else 0.0)
             if delay:
                 time.sleep(delay)

@@ -1,7 +1,7 @@
-"""Command line: ``dp-textgrad demo | optimize | budget | ledger | report | federated... | audit ...``.
+"""Command line: ``dp-textgrad demo | optimize | evaluate | budget | ledger | report | federated... | audit ...``.
 
 A package that no library module imports: one module per command group (``run``: demo and
-optimize; ``budget``: budget and ledger; ``report``; ``federated``; ``audit``), the shared
+optimize; ``evaluate``; ``budget``: budget and ledger; ``report``; ``federated``; ``audit``), the shared
 console, exit codes and error handling in ``_console``, the run display in ``progress``. Each
 command imports what it uses when it runs, so ``dp-textgrad --help`` loads no engine, no
 TextGrad and no audit.
@@ -19,6 +19,7 @@ import typer
 from dp_textgrad.cli._console import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_STOPPED_EARLY, state
 from dp_textgrad.cli.audit import audit_app
 from dp_textgrad.cli.budget import budget, ledger
+from dp_textgrad.cli.evaluate import evaluate
 from dp_textgrad.cli.federated import federated, federated_app, federated_split
 from dp_textgrad.cli.report import report
 from dp_textgrad.cli.run import demo, optimize
@@ -46,6 +47,7 @@ app.command("federated-split")(federated_split)
 app.command("federated-app")(federated_app)
 app.command()(demo)
 app.command()(optimize)
+app.command()(evaluate)
 app.command()(budget)
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_INTERRUPTED", "EXIT_STOPPED_EARLY", "app"]

@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+import dp_textgrad.cli._run_file as run_file
 from dp_textgrad.cli._console import EXIT_STOPPED_EARLY, config_from, console, guarded
 from dp_textgrad.cli.progress import JSON_HELP, MLFLOW_HELP, QUIET_HELP, GracefulStop, Output
 
@@ -128,9 +129,7 @@ _RESUME_FIXED = (
 
 
 def optimize(
-    config: Path | None = typer.Option(
-        None, "--config", "-c", help="YAML or TOML file (sections: task, engine, dp, output)"
-    ),
+    config: Path | None = run_file.CONFIG_OPTION,
     resume: Path | None = typer.Option(None, "--resume", help="continue the run in RUN_DIR from its checkpoint"),
     epsilon: float | None = typer.Option(None, help="total privacy budget epsilon (dp.epsilon)"),
     delta: float | None = typer.Option(
@@ -142,13 +141,13 @@ def optimize(
     sampling_rate: float | None = typer.Option(None, help="Poisson sampling rate q (dp.sampling_rate)"),
     selection: str | None = typer.Option(None, help="gaussian | exponential | permute_and_flip (dp.selection)"),
     seed: int | None = typer.Option(None, help="seed of non-private choices (dp.seed); never of DP noise"),
-    task: str | None = typer.Option(None, help="built-in task: support | sst2 | banking77 (task.name)"),
-    train: Path | None = typer.Option(None, help="private training file .csv/.tsv/.jsonl (task.train)"),
-    test: Path | None = typer.Option(None, help="test file (task.test)"),
-    encoding: str | None = typer.Option(None, help="encoding of the task files, e.g. latin-1 (task.encoding)"),
-    engine: str | None = typer.Option(None, help="llama_cpp | openai | transformers (engine.kind)"),
-    base_url: str | None = typer.Option(None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1"),
-    model: str | None = typer.Option(None, help="engine.model: GGUF path, model name, or HF name/path"),
+    task: str | None = run_file.TASK_OPTION,
+    train: Path | None = run_file.TRAIN_OPTION,
+    test: Path | None = run_file.TEST_OPTION,
+    encoding: str | None = run_file.ENCODING_OPTION,
+    engine: str | None = run_file.ENGINE_OPTION,
+    base_url: str | None = run_file.BASE_URL_OPTION,
+    model: str | None = run_file.MODEL_OPTION,
     runs_root: Path | None = typer.Option(None, help="where run directories are created (output.runs_root)"),
     lifetime_cap: float | None = typer.Option(
         None, help="refuse to push the dataset's lifetime epsilon past this (output.lifetime_cap)"
@@ -190,7 +189,7 @@ def optimize(
         runs_root=runs_root,
         encoding=encoding,
     )
-    engine_flags = dict(kind=engine, base_url=base_url, model=model)
+    engine_section = run_file.engine_flags(engine, base_url, model)
     lifetime_flags = dict(
         lifetime_cap=lifetime_cap,
         override_lifetime_cap=override_lifetime_cap or None,
@@ -205,7 +204,7 @@ def optimize(
     def action():
         from dp_textgrad import runs
         from dp_textgrad.dp_es.config import ConfigError
-        from dp_textgrad.settings import build_settings, read_config_file
+        from dp_textgrad.settings import build_settings
 
         if resume is not None:
             fixed = [f"--{k.replace('_', '-')}" for k in _RESUME_FIXED if given[k] is not None]
@@ -227,13 +226,10 @@ def optimize(
             saved = runs.read_json(directory / runs.CLI_SETTINGS_NAME)
             saved["dp"] = runs.RunDir(directory).saved_config()
             settings = build_settings(
-                saved, {"engine": engine_flags, "output": lifetime_flags, "distributed": scale_flags}
+                saved, {"engine": engine_section, "output": lifetime_flags, "distributed": scale_flags}
             )
             holder["dir"] = directory
         else:
-            raw = read_config_file(config) if config is not None else {}
-            if raw.get("task", {}) is None:  # "task:" with nothing under it: no task section
-                del raw["task"]
             flags = {
                 "dp": dict(
                     epsilon=epsilon,
@@ -245,19 +241,12 @@ def optimize(
                     selection=selection,
                     seed=seed,
                 ),
-                "task": dict(
-                    name=task,
-                    train=train.resolve() if train else None,
-                    test=test.resolve() if test else None,
-                    encoding=encoding,
-                ),
-                "engine": engine_flags,
+                "task": run_file.task_flags(task, train, test, encoding),
+                "engine": engine_section,
                 "output": dict(runs_root=runs_root, **lifetime_flags),
                 "distributed": scale_flags,
             }
-            settings = build_settings(raw, flags, source=config)
-            if config is not None and not raw.get("task") and task is None and train is None and test is None:
-                raise ConfigError(_no_task_message(config))
+            settings = run_file.settings_from(config, flags)
             directory = None
         the_task = settings.task.build()
         the_engine = settings.engine.build()
@@ -289,13 +278,3 @@ def optimize(
 
     with output:
         _finish(guarded(action, lambda: holder.get("dir")))
-
-
-def _no_task_message(config: Path) -> str:
-    # A run file says what to run: an empty or task-less one is refused before anything is charged,
-    # not quietly given the built-in task (which stays the default without --config, as documented).
-    return (
-        f"task: {config.name} has no task section, so there is nothing to run; add task.name (a built-in "
-        "task: support, sst2, banking77) or task.train and task.test (your files), or pass --task or "
-        "--train/--test; to try the built-in task on the local model, run `dp-textgrad demo`"
-    )

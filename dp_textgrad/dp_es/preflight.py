@@ -57,8 +57,12 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
                 "raise the engine's context (n_ctx)"
             )
     choices = [task.verbalizers[label] for label in task.labels]
+    # An engine with ``probe_scores`` (the OpenAI one) probes with one short attempt per
+    # request, so a scoring route its server cannot serve fails in seconds, naming the fix.
+    probe_scores = getattr(engine, "probe_scores", None)
+    score = probe_scores if callable(probe_scores) else engine.score_choices_batch
     try:
-        scores = np.asarray(engine.score_choices_batch(prefix, [task.render_record(probe)], choices))
+        scores = np.asarray(score(prefix, [task.render_record(probe)], choices))
     except Exception as exc:  # public probe: its error text holds no private data
         raise PreflightError(
             f"preflight: the engine failed on a public probe before anything was charged "

@@ -183,6 +183,14 @@ class Engine(EngineLM):
             stop=list(stop) if stop else None,
         )
 
+    def generate_many(self, prompts: Sequence[str], system_prompt: str | None = None, **kwargs: Any) -> list[str]:
+        """``generate`` for each prompt (the same keyword arguments), results in input order.
+
+        This default calls ``generate`` once per prompt; engines that can do better override it
+        (llama.cpp decodes greedy generations together, the OpenAI-compatible engine overlaps
+        requests)."""
+        return [self.generate(prompt, system_prompt, **kwargs) for prompt in prompts]
+
     def __call__(self, prompt: str, **kwargs: Any) -> str:
         return self.generate(prompt, **kwargs)
 

@@ -21,6 +21,9 @@ record's own tokens:
 
 Scoring has a llama.cpp context of its own (with the generation context's settings,
 room for 16 sequences sharing its cells): generation does not disturb its cache.
+``generate_many`` (greedy) borrows it to decode up to 16 generations together, one
+sequence each, and empties it before and after (the next score decodes its prefix again,
+with the same numbers).
 
 A prefix is always decoded from position 0 in the same chunks, a suffix always in one
 decode after it and the choices' continuations in the same groups, so results do not
@@ -48,6 +51,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,7 @@ from dp_textgrad.engines.base import Engine, EngineError, TokenLogprobs
 from dp_textgrad.engines.llama_kv import SAVED_PREFIX_BYTES, LlamaPlumbing, SavedPrefixes
 from dp_textgrad.engines.llama_support import (
     GenerationCache,
+    GreedyCompletion,
     KvStats,
     as_cache,
     available_cpus,
@@ -274,6 +279,99 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         if cache is not None:
             cache.put(key, output)
         return output
+
+    def generate_many(
+        self,
+        prompts: Sequence[str],
+        system_prompt: str | None = None,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Greedy generations (temperature 0) for several prompts, decoded together; in input order.
+
+        Up to 16 prompts run at once in the scoring context, each in a sequence of its own: the
+        prompts are prefilled in shared decodes and each step decodes the next token of every
+        running sequence in one ``llama_decode`` (a finished one makes room for the next
+        prompt), which is faster than one ``generate`` after another on a CPU (1.83x for 8 prompts on 2 idle cores).
+        Stop strings, end of generation, ``max_tokens`` and the returned text follow
+        ``generate``. The tokens are those of ``generate`` up to float rounding: llama.cpp's
+        results depend slightly on which tokens share a decode, so where two candidate tokens
+        are within rounding of each other the choice can differ, and it can depend on the
+        other prompts of the call. With ``temperature > 0`` the prompts are generated one by
+        one (``Engine.generate_many``). Cached like ``generate`` when a cache is set.
+
+        Public prompts only: since a text can depend on the other prompts of the call, one private
+        record's output would depend on other records, and the per-record sensitivity the DP scorer
+        relies on would not hold. Nothing on the private path calls it.
+        """
+        if temperature != 0:
+            return super().generate_many(
+                prompts, system_prompt, temperature=temperature, max_tokens=max_tokens, seed=seed, stop=stop
+            )
+        prompts = list(prompts)
+        if not all(isinstance(prompt, str) for prompt in prompts):
+            raise TypeError("prompts: must be texts")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {max_tokens}")
+        stops = list(stop) if stop else None
+        outputs: list[str | None] = [None] * len(prompts)
+        keys = [""] * len(prompts)
+        if self.cache is not None:
+            for i, prompt in enumerate(prompts):
+                keys[i] = GenerationCache.key(
+                    model=self._model_id,
+                    prompt=prompt,
+                    system_prompt=system_prompt,
+                    temperature=temperature,
+                    seed=seed,
+                    max_tokens=max_tokens,
+                    stop=stops,
+                )
+                outputs[i] = self.cache.get(keys[i])
+        todo = [i for i, output in enumerate(outputs) if output is None]
+        self._count(calls=len(prompts) - len(todo))
+        if not todo:
+            return [output or "" for output in outputs]
+        with self._lock, self._timed() as timer:
+            ids = [
+                self._tokenize(f"{system_prompt}\n\n{prompts[i]}" if system_prompt else prompts[i], True) for i in todo
+            ]
+            if any(len(one) >= self._n_ctx for one in ids):  # no length in the message: prompts may be private
+                raise EngineError(
+                    f"a prompt has at least as many tokens as the context holds ({self._n_ctx}); "
+                    "raise n_ctx or shorten the prompts"
+                )
+            completions = [
+                GreedyCompletion(
+                    min(max_tokens, self._n_ctx - len(one)),
+                    stops,
+                    partial(self._detokenize_after, one),
+                    self._is_end_of_generation,
+                )
+                for one in ids
+            ]
+            self._greedy_batched(ids, completions)
+        self._count(
+            calls=len(todo),
+            prompt_tokens=sum(len(one) for one in ids),
+            completion_tokens=sum(len(c.tokens) for c in completions),
+            seconds=timer["seconds"],
+        )
+        for i, completion in zip(todo, completions, strict=True):
+            outputs[i] = completion.text or ""
+            if self.cache is not None:
+                self.cache.put(keys[i], outputs[i] or "")
+        return [output or "" for output in outputs]
+
+    def _detokenize_after(self, prompt_ids: list[int], tokens: list[int]) -> bytes:
+        return bytes(self._llm.detokenize(tokens, prev_tokens=prompt_ids))
+
+    def _is_end_of_generation(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._lib.llama_model_get_vocab(self._llm.model), token))
 
     # -- scoring --------------------------------------------------------------------
     def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:

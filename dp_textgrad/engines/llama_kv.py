@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dp_textgrad.engines.base import EngineError
-from dp_textgrad.engines.llama_support import KvStats, pick_logprobs, quiet_native_output
+from dp_textgrad.engines.llama_support import GreedyCompletion, KvStats, pick_logprobs, quiet_native_output
 
 # Rows of full-vocabulary logits requested per decode when every position is needed
 # (audits, multi-token choices): Gemma's 262k vocabulary makes each row ~1 MB.
@@ -248,22 +248,98 @@ class LlamaPlumbing:
             self.kv_stats.tokens_decoded += len(items)
         return added
 
+    # Batched greedy generation runs in the scoring context, whose sequences share its n_ctx
+    # cells: each prompt gets a sequence of its own (at most _SCORING_SEQUENCES at once, and
+    # only while the cells it may need are free), its prompt is prefilled in the same decodes
+    # as the other sequences' next tokens, and each step decodes one token per running
+    # sequence in one llama_decode. A finished sequence frees its cells and the next prompt
+    # takes its place. The scoring cache is emptied before and after (the next score decodes
+    # its prefix again, canonically: scores do not change).
+    def _greedy_batched(self, prompts: Sequence[Sequence[int]], completions: Sequence[GreedyCompletion]) -> int:
+        """Run every completion to its end, greedy (the first highest logit, as llama.cpp's
+        greedy sampler); return the number of tokens decoded. ``prompts`` are token ids with
+        BOS, each shorter than the context."""
+        memory = self._lib.llama_get_memory(self._ctx)
+        # Cells a sequence may use: its prompt, its budget and 3 more (a completion that ends
+        # inside a UTF-8 character takes up to 3 tokens past its budget, as upstream).
+        needs = [min(self._n_ctx, len(ids) + c.max_tokens + 3) for ids, c in zip(prompts, completions, strict=True)]
+        waiting = list(range(len(prompts)))[::-1]  # popped from the end: input order
+        free_seqs = list(range(_SCORING_SEQUENCES))[::-1]
+        running: dict[int, list[int]] = {}  # seq -> [prompt index, next position, cells reserved]
+        pending: dict[int, list[int]] = {}  # seq -> tokens still to decode (prompt, or the last token)
+        reserved = decoded = 0
+        self._forget_kv()
+        try:
+            while waiting or running:
+                while waiting and free_seqs and reserved + needs[waiting[-1]] <= self._n_ctx:
+                    index = waiting.pop()
+                    seq = free_seqs.pop()
+                    running[seq] = [index, 0, needs[index]]
+                    pending[seq] = list(prompts[index])
+                    reserved += needs[index]
+                # Running sequences' next tokens first, then prompt tokens, up to one batch.
+                order = sorted(running, key=lambda q: (len(pending[q]) > 1, running[q][0]))
+                items: list[tuple[int, int, int]] = []
+                readers: list[tuple[int, int]] = []  # (row in the batch, seq) whose logits pick a token
+                for seq in order:
+                    take = min(len(pending[seq]), self._n_batch - len(items))
+                    if take == 0:
+                        break
+                    start = running[seq][1]
+                    items.extend((token, start + k, seq) for k, token in enumerate(pending[seq][:take]))
+                    del pending[seq][:take]
+                    running[seq][1] += take
+                    if not pending[seq]:
+                        readers.append((len(items) - 1, seq))
+                self._submit(items, every_row=False, rows=[i for i, _ in readers])
+                decoded += len(items)
+                for row, seq in readers:
+                    index, position, cells = running[seq]
+                    token = int(np.argmax(self._logits_row(row)))
+                    if completions[index].push(token) or position >= cells:
+                        if completions[index].text is None:  # out of cells: ends as at its budget
+                            completions[index].text = self._llm.detokenize(
+                                completions[index].tokens, prev_tokens=list(prompts[index])
+                            ).decode("utf-8", errors="ignore")
+                        self._lib.llama_memory_seq_rm(memory, seq, -1, -1)
+                        del running[seq], pending[seq]
+                        free_seqs.append(seq)
+                        reserved -= cells
+                    else:
+                        pending[seq] = [token]
+        finally:
+            self._forget_kv()
+            self.kv_stats.tokens_decoded += decoded
+        return decoded
+
     def _check_room(self, needed: int) -> None:
         if needed > self._n_ctx:
             raise EngineError(
                 f"input needs {needed} tokens but the context holds {self._n_ctx}; raise n_ctx or shorten the prompt"
             )
 
-    def _submit(self, items: Sequence[tuple[int, int, int]], *, every_row: bool, last_row: bool = True) -> None:
-        """One llama_decode of (token, position, sequence) items; logits for every row or the last."""
+    def _submit(
+        self,
+        items: Sequence[tuple[int, int, int]],
+        *,
+        every_row: bool,
+        last_row: bool = True,
+        rows: Sequence[int] | None = None,
+    ) -> None:
+        """One llama_decode of (token, position, sequence) items; logits for every row, the
+        last, or (``rows``) the rows listed."""
         batch = self._batch
         batch.n_tokens = len(items)
+        wanted = set(rows) if rows is not None else set()
         for i, (token, position, seq) in enumerate(items):
             batch.token[i] = token
             batch.pos[i] = position
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq
-            batch.logits[i] = every_row or (last_row and i == len(items) - 1)
+            if rows is not None:
+                batch.logits[i] = i in wanted
+            else:
+                batch.logits[i] = every_row or (last_row and i == len(items) - 1)
         code = self._lib.llama_decode(self._ctx, batch)
         if code != 0:
             self._forget_kv()  # the cache may hold a partial batch now

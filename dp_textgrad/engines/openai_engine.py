@@ -9,23 +9,36 @@ back-off and jitter on 408/409/429/5xx, time-outs and connection errors, honouri
 ``Retry-After``. A request that still fails raises one :class:`OpenAIEngineError`
 naming the model, server and status, never the prompt.
 
-Scoring (``score_choices_batch``, ``token_logprobs``) needs the log-probabilities of
-*prompt* tokens. Servers that support ``echo=True`` with ``logprobs`` on
-``/v1/completions`` (llama.cpp, vLLM, legacy OpenAI models) give them exactly: the
-prompt ``prefix + suffix + choice`` is echoed with one log-prob per token, and the
-choice's log-prob is the sum over the tokens whose text overlaps the choice (found
-by the echoed character offsets; a token straddling the boundary between context
-and choice is counted with the choice). Chat-only APIs (api.openai.com today) give
-no prompt log-probs, so ``scoring="auto"`` then falls back to an approximation:
+Scoring (``score_choices_batch``) takes one of three routes, chosen once per label set
+from the public labels only (``openai_scoring``):
+
+- **first token** (``scoring="auto"`` or ``"first_token"``, ``mode="completions"``, when
+  the server's tokenizer, or a short echo of the labels, shows that the labels' first
+  tokens differ): one plain request per record with ``max_tokens=1`` and the top ``k``
+  log-probs of the generated token (``k`` = max(``top_logprobs``, number of labels), at
+  most 20, 5 on api.openai.com's /v1/completions); a label scores the log-prob of its own
+  first token. That ranks the labels as the model's first step does; for a multi-token
+  label it is an upper bound of the label's log-prob, not the log-prob itself.
+- **echo** (``scoring="echo"``, or ``"auto"`` when the labels share a first token):
+  servers that support ``echo=True`` with ``logprobs`` on ``/v1/completions`` (llama.cpp,
+  vLLM, legacy OpenAI models) give prompt log-probs: the prompt ``prefix + suffix +
+  choice`` is echoed with one log-prob per token, and the choice's log-prob is the sum
+  over the tokens whose text overlaps the choice (found by the echoed character offsets;
+  a token straddling the boundary between context and choice is counted with the choice).
+- **approximate** (chat mode, or no echo and no tokenizer): the first-token request, with
+  labels matched by text::
 
     log p(choice | context) ~= log sum of p(t) over the top-k first generated tokens t
                                whose whitespace-stripped text equals the stripped choice
 
-which is exact only for choices that are a single token. A choice not among the
-top-k tokens gets the floor ``log min(p_k, 1 - sum of the top-k probabilities)``
-(the most probability it could have) and a ``RuntimeWarning``. ``scoring="echo"``
-refuses the approximation with an :class:`OpenAIEngineError`; ``"first_token"``
-always uses it. ``token_logprobs`` has no approximation and needs echo.
+  which is exact only for choices that are a single token.
+
+A label not among the top-k tokens gets the floor ``log max(min(p_k, 1 - sum of the top-k
+probabilities), 1e-12)`` (the most probability it could have) and a ``RuntimeWarning``.
+``scoring="echo"`` refuses the other routes with an :class:`OpenAIEngineError`;
+``token_logprobs`` has no approximation and needs echo. ``probe_scores`` (the preflight's
+check on public text) gives each request ``probe_timeout`` seconds and no retry after a
+time-out and, when echo does not answer, says which setting to change.
 
 Nothing is cached unless ``cache`` is set; the cache is in memory only, and sampling
 calls (temperature > 0 without a seed) are never served from it.
@@ -33,6 +46,7 @@ calls (temperature > 0 without a seed) are never served from it.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import threading
@@ -82,6 +96,8 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
     requests_per_minute: client-side rate limit (token bucket, ``rate_limit_burst``
         requests may go at once); ``None`` for none.
     timeout: seconds per HTTP request (per attempt).
+    probe_timeout: seconds per request of the probes on public text (the labels' first
+        tokens, the preflight's scoring check), each sent once.
     max_retries: retries after the first attempt on transient failures.
     price: USD per million tokens, for ``usage.cost_usd``; ``None`` counts no cost.
     cache: ``False`` (default), ``True`` (4096 entries) or a maximum number of entries
@@ -103,6 +119,7 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         requests_per_minute: float | None = None,
         rate_limit_burst: int = 1,
         timeout: float = 60.0,
+        probe_timeout: float = 20.0,
         max_retries: int = 5,
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
@@ -128,6 +145,7 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         check_int("default_max_tokens", default_max_tokens, minimum=1)
         for name, value in (
             ("timeout", timeout),
+            ("probe_timeout", probe_timeout),
             ("backoff_base", backoff_base),
             ("backoff_max", backoff_max),
             ("retry_after_max", retry_after_max),
@@ -148,6 +166,7 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         self.max_concurrency = max_concurrency
         self.max_retries = max_retries
         self.timeout = float(timeout)
+        self.probe_timeout = float(probe_timeout)
         self.top_logprobs = top_logprobs
         self.default_max_tokens = default_max_tokens
         self.price = Price(*price) if isinstance(price, tuple) else price
@@ -163,6 +182,7 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         self._results = ResultCache(cache_entries) if cache_entries else None
         self._state_lock = threading.Lock()
         self._echo_unavailable = False
+        self._first_tokens: dict[tuple[str, ...], tuple[str, ...] | None] = {}
         self._warned: set[str] = set()
         self._client = openai.OpenAI(
             api_key=self._resolve_api_key(api_key),
@@ -314,15 +334,52 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         contexts = [prefix + s for s in suffixes]
         if not contexts:
             return np.zeros((0, len(choices)))
-        if self._use_echo("score_choices_batch"):
+        route, first_tokens = self._route(choices)
+        if route == "echo" and self._use_echo("score_choices_batch"):
             pairs = [(i, j) for i in range(len(contexts)) for j in range(len(choices))]
             try:
                 values = self._map(lambda ij: self._choice_logprob_echo(contexts[ij[0]], choices[ij[1]]), pairs)
                 return np.array(values, dtype=float).reshape(len(contexts), len(choices))
             except EchoUnavailable as why:
                 self._echo_is_unavailable(why, "score_choices_batch")
-        rows = self._map(lambda c: self._choice_logprobs_first_token(c, choices), contexts)
+        rows = self._map(lambda c: self._choice_logprobs_first_token(c, choices, first_tokens), contexts)
         return np.array(rows, dtype=float).reshape(len(contexts), len(choices))
+
+    def probe_scores(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
+        """``score_choices_batch`` for the preflight's probe on public text: every request has
+        ``probe_timeout`` seconds and is not retried after a time-out, so a scoring route that
+        cannot work on this server fails in seconds; when it is echo, the error names
+        ``engine.options.scoring`` and the fix."""
+        probe = copy.copy(self)  # shares the cache, usage, warnings and learned first tokens
+        probe._probing = True
+        route: str | None = None
+        try:
+            route, _ = self._route(list(choices))
+            scores = probe.score_choices_batch(prefix, suffixes, choices)
+        except OpenAIEngineError as error:
+            # A time-out, a lost connection or a server error of echo: a setting to change. A
+            # refusal (4xx: a prompt over the context, say) is reported as it is.
+            refused = error.status_code is not None and error.status_code < 500
+            if route != "echo" or self.mode != "completions" or refused:
+                raise
+            why = (
+                "scoring='echo' asks for it"
+                if self.scoring == "echo"
+                else "the labels share their first token, so scoring='auto' needs echo"
+            )
+            raise OpenAIEngineError(
+                f"{error} -- echo scoring (prompt log-probs) did not answer a public probe within "
+                f"{self.probe_timeout:g} s per request ({why}); set engine.options.scoring: first_token "
+                "(scoring='first_token' in Python) to score each label by its first token's top "
+                "log-probs, exact in ranking when the labels' first tokens differ (give the labels different "
+                "first words), or use a server with fast echo (vLLM) and raise engine.options.probe_timeout",
+                status_code=error.status_code,
+                attempts=error.attempts,
+            ) from None
+        finally:
+            with self._state_lock:
+                self._echo_unavailable = self._echo_unavailable or probe._echo_unavailable
+        return scores
 
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
         if not isinstance(text, str) or not isinstance(context, str):

@@ -1,17 +1,28 @@
-"""Prompt log-probabilities over HTTP: exact through ``echo``, else the first-token approximation.
+"""Label scores over HTTP: the first generated token's top log-probs, or prompt log-probs through ``echo``.
 
 A mixin of :class:`~dp_textgrad.engines.openai_engine.OpenAIEngine`: it uses the
 engine's transport (``_request``), cache and warnings.
+
+Which route a set of labels takes is decided once per label set, from the public labels
+only (never from a record): the server's tokenizer (llama-cpp-python's
+``/extras/tokenize``, llama.cpp's ``/tokenize``), else one short echo of each label after a
+fixed public context, gives each label's first token. When those differ, one plain
+completion per record (``max_tokens=1`` with top log-probs) scores every label by its
+first token; otherwise (``scoring="auto"``) echo scores the whole label.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import httpx
 import numpy as np
+
+if TYPE_CHECKING:
+    import openai
 
 from dp_textgrad.engines.openai_protocol import (
     ChatResponse,
@@ -24,6 +35,17 @@ from dp_textgrad.engines.openai_protocol import (
     validate_response,
 )
 
+T = TypeVar("T")
+R = TypeVar("R")
+Route = Literal["echo", "first_token", "approximate"]
+
+# The public context a label is echoed after to learn its first token when the server has
+# no tokenizer endpoint: it ends like the usual record templates ("...\nLabel:").
+PROBE_CONTEXT = "Answer:"
+# Most top log-probs asked for: OpenAI's /v1/completions allows 5, its chat API and vLLM 20.
+MAX_TOP_LOGPROBS = 20
+OPENAI_COMPLETIONS_TOP_LOGPROBS = 5
+
 
 class EchoScoring:
     """Log-probabilities of prompt tokens (mixin; see the module docstring)."""
@@ -34,13 +56,149 @@ class EchoScoring:
         mode: Literal["chat", "completions"]
         scoring: Literal["auto", "echo", "first_token"]
         top_logprobs: int
+        probe_timeout: float
         _state_lock: threading.Lock
+        _echo_unavailable: bool
+        _first_tokens: dict[tuple[str, ...], tuple[str, ...] | None]
+        _client: openai.OpenAI
 
-        def _request(self, endpoint: Literal["chat", "completions"], body: dict[str, Any], what: str) -> dict: ...
+        def _request(
+            self, endpoint: Literal["chat", "completions"], body: dict[str, Any], what: str, *, quick: bool = False
+        ) -> dict: ...
+        def _map(self, fn: Callable[[T], R], items: list[T]) -> list[R]: ...
+        def _is_openai_host(self) -> bool: ...
         def _label(self) -> str: ...
         def _warn_once(self, key: str, message: str) -> None: ...
         def _cache_get(self, key: Hashable | None) -> tuple[bool, Any]: ...
         def _cache_put(self, key: Hashable | None, value: Any) -> None: ...
+
+    # -- which route a label set takes (public labels only) ---------------------------
+    def _route(self, choices: Sequence[str]) -> tuple[Route, tuple[str, ...] | None]:
+        """How to score ``choices``, and their first tokens when the first-token route is exact.
+
+        ``echo``: prompt log-probs of the whole label (asked for, or the labels share a first
+        token). ``first_token``: the top log-probs of the first generated token, read at each
+        label's own first token. ``approximate``: the same request, matched by text (chat mode,
+        or no way to learn the labels' tokens).
+        """
+        if self.scoring == "echo":
+            return "echo", None
+        if self.mode == "chat":  # a chat reply's first token is not the completion's: match by text
+            return "approximate", None
+        first = self.label_first_tokens(choices)
+        if first is not None and len(set(first)) == len(first):
+            return "first_token", first
+        return ("echo" if self.scoring == "auto" else "approximate"), None
+
+    def label_first_tokens(self, choices: Sequence[str]) -> tuple[str, ...] | None:
+        """Each label's first token as the server spells it in top log-probs, learned once per
+        label set from the public labels: the server's tokenizer, else (``scoring="auto"``) a
+        short echo of each label after a fixed public context. ``None`` when neither works."""
+        key = tuple(choices)
+        with self._state_lock:
+            if key in self._first_tokens:
+                return self._first_tokens[key]
+        first = self._tokenizer_first_tokens(key)
+        if first is None and self.scoring == "auto" and self.mode == "completions":
+            first = self._echo_first_tokens(key)
+        with self._state_lock:
+            self._first_tokens[key] = first
+        return first
+
+    def _server_root(self) -> str | None:
+        if self.base_url is None or self._is_openai_host():
+            return None
+        root = self.base_url.rstrip("/")
+        return root[: -len("/v1")] if root.endswith("/v1") else root
+
+    def _tokenizer_first_tokens(self, choices: tuple[str, ...]) -> tuple[str, ...] | None:
+        """First tokens from the server's tokenizer endpoint, or ``None`` if it has none.
+
+        llama-cpp-python: ``POST /extras/tokenize`` (ids, BOS included) and
+        ``/extras/detokenize`` of the first id; llama.cpp's ``llama-server``: ``POST /tokenize``
+        with ``with_pieces``. A short time-out and no retries: this is a probe.
+        """
+        root = self._server_root()
+        if root is None:
+            return None
+        headers = {"Authorization": f"Bearer {self._client.api_key}"}
+
+        def post(path: str, body: dict[str, Any]) -> Any:
+            response = httpx.post(root + path, json=body, headers=headers, timeout=self.probe_timeout)
+            response.raise_for_status()
+            return response.json()
+
+        def ids(data: Any) -> list[Any]:
+            tokens = data.get("tokens") if isinstance(data, dict) else None
+            if not isinstance(tokens, list):
+                raise ValueError("no tokens")
+            return tokens
+
+        try:  # llama-cpp-python
+            bos = ids(post("/extras/tokenize", {"input": "", "model": self.model}))
+            first: list[str] = []
+            for choice in choices:
+                tokens = ids(post("/extras/tokenize", {"input": choice, "model": self.model}))
+                tokens = tokens[len(bos) :] if tokens[: len(bos)] == bos else tokens
+                if not tokens or not isinstance(tokens[0], int):
+                    return None
+                text = post("/extras/detokenize", {"tokens": [tokens[0]], "model": self.model}).get("text")
+                if not isinstance(text, str) or not text:
+                    return None
+                first.append(text)
+            return tuple(first)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        try:  # llama.cpp's llama-server
+            first = []
+            for choice in choices:
+                body = {"content": choice, "add_special": False, "with_pieces": True}
+                tokens = ids(post("/tokenize", body))
+                piece = tokens[0].get("piece") if tokens and isinstance(tokens[0], dict) else None
+                if not isinstance(piece, str) or not piece:
+                    return None
+                first.append(piece)
+            return tuple(first)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    def _echo_first_tokens(self, choices: tuple[str, ...]) -> tuple[str, ...] | None:
+        """First tokens from one short echo per label (``PROBE_CONTEXT + label``, public text),
+        each within ``probe_timeout`` and not retried after a time-out. ``None`` if the server
+        does not echo (then remembered); an echo that fails otherwise (a time-out, say) raises,
+        naming the setting to change."""
+
+        def first(choice: str) -> str | None:
+            tokens = self._echo(PROBE_CONTEXT + choice, quick=True)
+            span = tokens_overlapping(tokens, len(PROBE_CONTEXT), len(PROBE_CONTEXT) + len(choice))
+            return span[0].text if span else None
+
+        try:
+            found = self._map(first, list(choices))
+        except EchoUnavailable as why:  # no echo here: remembered, as on the first scoring call
+            self._echo_is_unavailable(why, "score_choices_batch")
+            return None
+        except OpenAIEngineError as error:
+            raise OpenAIEngineError(
+                f"{self._label()}: scoring='auto' could not learn the labels' first tokens: the server has no "
+                f"tokenizer endpoint and an echo of the public labels failed ({error}); set "
+                "engine.options.scoring: first_token (scoring='first_token' in Python) to score each label by "
+                "its first token's top log-probs, matched by text, or fix the server's echo",
+                status_code=error.status_code,
+                attempts=error.attempts,
+            ) from None
+        if any(f is None for f in found):
+            return None
+        return tuple(f for f in found if f is not None)
+
+    def top_k_for(self, n_choices: int) -> int:
+        """Top log-probs asked for in first-token scoring: at least the number of labels (and
+        ``top_logprobs``), at most what the API allows (OpenAI's /v1/completions 5, else 20)."""
+        if self.mode == "completions" and self._is_openai_host():
+            cap = OPENAI_COMPLETIONS_TOP_LOGPROBS
+        else:
+            cap = MAX_TOP_LOGPROBS
+        return min(max(self.top_logprobs, n_choices), cap)
 
     def _use_echo(self, what: str, *, approximable: bool = True) -> bool:
         """Whether to ask for echoed prompt log-probs (else the first-token approximation)."""
@@ -101,7 +259,7 @@ class EchoScoring:
             )
         return float(sum(t.logprob for t in span))  # type: ignore[misc]
 
-    def _echo(self, prompt: str) -> list[EchoToken]:
+    def _echo(self, prompt: str, *, quick: bool = False) -> list[EchoToken]:
         """The prompt's tokens with their log-probs, from one echo request (cached if enabled)."""
         key = ("echo", self.model, self.base_url, prompt, self.top_logprobs)
         hit, value = self._cache_get(key)
@@ -109,7 +267,7 @@ class EchoScoring:
             return value
         body = {"prompt": prompt, "echo": True, "logprobs": self.top_logprobs, "max_tokens": 1, "temperature": 0.0}
         try:
-            data = self._request("completions", body, "echo scoring")
+            data = self._request("completions", body, "echo scoring", quick=quick)
         except OpenAIEngineError as error:
             # Some APIs reject echo together with logprobs outright (400/422).
             if self.scoring == "auto" and error.status_code in (400, 422):
@@ -120,29 +278,43 @@ class EchoScoring:
         self._cache_put(key, tokens)
         return tokens
 
-    def _choice_logprobs_first_token(self, context: str, choices: list[str]) -> list[float]:
-        top = self._first_token_top(context)
+    def _choice_logprobs_first_token(
+        self, context: str, choices: list[str], first_tokens: tuple[str, ...] | None = None
+    ) -> list[float]:
+        """Each label's log-prob from the top log-probs of the first generated token.
+
+        With ``first_tokens`` (the labels' own first tokens, all different), a label scores the
+        log-prob of its first token. Without, the approximation: the log of the summed
+        probabilities of the top tokens whose stripped text equals the stripped label. A label
+        not found gets the floor ``log max(min(p_k, 1 - sum of the top-k p), 1e-12)``: the most
+        probability an unlisted token can have, finite, and never above a listed label's.
+        """
+        top = self._first_token_top(context, self.top_k_for(len(choices)))
         if not top:
             raise OpenAIEngineError(f"{self._label()}: the server returned no top log-probs")
         scores = []
         top_probs = [math.exp(lp) for _, lp in top]
         floor = math.log(max(min(min(top_probs), 1.0 - sum(top_probs)), 1e-12))
         for index, choice in enumerate(choices):
-            wanted = choice.strip()
-            matches = [lp for token, lp in top if token.strip() == wanted]
+            if first_tokens is not None:
+                matches = [lp for token, lp in top if token == first_tokens[index]]
+            else:
+                wanted = choice.strip()
+                matches = [lp for token, lp in top if token.strip() == wanted]
             if matches:
                 scores.append(float(np.logaddexp.reduce(matches)))
             else:
                 self._warn_once(
                     f"floor-{index}",
                     f"{self._label()}: choice #{index} is not among the top {len(top)} first tokens; "
-                    "it gets a floor log-prob (multi-token choices cannot be scored without echo)",
+                    "it gets a floor log-prob"
+                    + ("" if first_tokens is not None else " (multi-token choices cannot be scored without echo)"),
                 )
                 scores.append(floor)
         return scores
 
-    def _first_token_top(self, context: str) -> list[tuple[str, float]]:
-        key = ("first_token", self.model, self.base_url, self.mode, context)
+    def _first_token_top(self, context: str, k: int) -> list[tuple[str, float]]:
+        key = ("first_token", self.model, self.base_url, self.mode, context, k)
         hit, value = self._cache_get(key)
         if hit:
             return value
@@ -152,17 +324,18 @@ class EchoScoring:
                 "max_tokens": 1,
                 "temperature": 0.0,
                 "logprobs": True,
-                "top_logprobs": 20,  # OpenAI's maximum: the more candidates, the fewer floors
+                "top_logprobs": MAX_TOP_LOGPROBS,  # OpenAI's maximum: the more candidates, the fewer floors
             }
             data = self._request("chat", body, "first-token scoring")
             logprobs = validate_response(ChatResponse, data, self, "first-token scoring").choices[0].logprobs
             content = logprobs.content if logprobs else None
             top = [(t.token, t.logprob) for t in content[0].top_logprobs] if content else []
         else:
-            body = {"prompt": context, "max_tokens": 1, "temperature": 0.0, "logprobs": self.top_logprobs}
+            body = {"prompt": context, "max_tokens": 1, "temperature": 0.0, "logprobs": k}
             data = self._request("completions", body, "first-token scoring")
             logprobs = validate_response(CompletionResponse, data, self, "first-token scoring").choices[0].logprobs
             first = logprobs.top_logprobs[0] if logprobs and logprobs.top_logprobs else None
-            top = list(first.items()) if first else []
+            # Best first, at most k (llama.cpp adds the generated token beyond its top k).
+            top = sorted(first.items(), key=lambda kv: -kv[1])[:k] if first else []
         self._cache_put(key, top)
         return top

@@ -38,10 +38,13 @@ R = TypeVar("R")
 class Transport:
     """Requests with retries and accounting (mixin; see the module docstring)."""
 
+    _probing = False  # True on the preflight's copy: every request is a quick one
+
     if TYPE_CHECKING:  # what OpenAIEngine, which mixes this in, provides
         model: str
         price: Price | None
         timeout: float
+        probe_timeout: float
         max_concurrency: int
         max_retries: int
         _client: openai.OpenAI
@@ -67,9 +70,19 @@ class Transport:
         @contextmanager
         def _timed(self) -> Iterator[dict[str, float]]: ...
 
-    def _request(self, endpoint: Literal["chat", "completions"], body: dict[str, Any], what: str) -> dict:
-        """POST one request with retries; return the decoded JSON object; count usage."""
+    def _request(
+        self, endpoint: Literal["chat", "completions"], body: dict[str, Any], what: str, *, quick: bool = False
+    ) -> dict:
+        """POST one request with retries; return the decoded JSON object; count usage.
+
+        ``quick``: a probe on public text (the labels' tokens, the preflight): ``probe_timeout``
+        seconds and no retry after a time-out (a server too slow for it is known in seconds,
+        not minutes); a 429/5xx or a refused connection is retried once, after a short wait.
+        """
+        quick = quick or self._probing
         attempts = 0
+        client = self._client.with_options(timeout=self.probe_timeout, max_retries=0) if quick else self._client
+        timeout = self.probe_timeout if quick else self.timeout
 
         def attempt() -> dict:
             nonlocal attempts
@@ -77,7 +90,7 @@ class Transport:
             with self._slots:  # bound what is in flight, not what is waiting to retry
                 if self._rate_limiter is not None:
                     self._rate_limiter.acquire()
-                resource = self._client.chat.completions if endpoint == "chat" else self._client.completions
+                resource = client.chat.completions if endpoint == "chat" else client.completions
                 raw = resource.with_raw_response.create(model=self.model, **body)
                 content = raw.http_response.content
             try:
@@ -89,9 +102,11 @@ class Transport:
             return data
 
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.max_retries + 1),
-            wait=self._retry_wait,
-            retry=tenacity.retry_if_exception(is_transient),
+            stop=tenacity.stop_after_attempt(min(self.max_retries, 1) + 1 if quick else self.max_retries + 1),
+            wait=(lambda state: min(self._retry_wait(state), 2.0)) if quick else self._retry_wait,
+            retry=tenacity.retry_if_exception(
+                (lambda e: is_transient(e) and not isinstance(e, openai.APITimeoutError)) if quick else is_transient
+            ),
             before_sleep=lambda state: self._count(calls=0, retries=1),
             reraise=True,
         )
@@ -103,7 +118,7 @@ class Transport:
                     f"{self._label()}: {what} failed: {error} (HTTP 200)", status_code=200, attempts=attempts
                 )
             except openai.OpenAIError as error:
-                failure = self._failure(error, what, attempts)
+                failure = self._failure(error, what, attempts, timeout)
             else:
                 failure = None
         if failure is not None:
@@ -126,12 +141,14 @@ class Transport:
         )
         return backoff(state)
 
-    def _failure(self, error: openai.OpenAIError, what: str, attempts: int) -> OpenAIEngineError:
+    def _failure(
+        self, error: openai.OpenAIError, what: str, attempts: int, timeout: float | None = None
+    ) -> OpenAIEngineError:
         """An error that names model, server and status; the server's message (which may
         quote the prompt) is left out on purpose."""
         status: int | None = None
         if isinstance(error, openai.APITimeoutError):
-            reason = f"timed out after {self.timeout:g} s"
+            reason = f"timed out after {self.timeout if timeout is None else timeout:g} s"
         elif isinstance(error, openai.APIConnectionError):
             reason = "could not connect to the server"
         elif isinstance(error, openai.APIStatusError):

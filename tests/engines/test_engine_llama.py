@@ -340,6 +340,8 @@ def test_default_threads_use_the_free_cpus(monkeypatch, cpus, load, expected):
     monkeypatch.delenv("DP_TEXTGRAD_THREADS", raising=False)
     monkeypatch.setattr(llama_cpp, "available_cpus", lambda: cpus)
     monkeypatch.setattr(llama_cpp.os, "getloadavg", lambda: (load, load, load))
+    # Where /proc/stat cannot be read (macOS, Windows) the load average decides.
+    monkeypatch.setattr(llama_cpp, "read_proc_stat", lambda: None)
     assert llama_cpp.default_threads() == expected
     monkeypatch.setenv("DP_TEXTGRAD_THREADS", "3")
     assert llama_cpp.default_threads() == 3

@@ -318,7 +318,7 @@ def expected_choice_logprob(choice: str) -> float:
 
 def test_score_choices_batch_sums_choice_tokens_from_echo():
     with FaultServer(preferences=PREFS) as server:
-        engine = make_engine(server, max_concurrency=4)
+        engine = make_engine(server, max_concurrency=4, scoring="echo")
         suffixes = [" great film.\nLabel:", " dull film.\nLabel:"]
         choices = [" positive", " negative", " very positive"]
         scores = engine.score_choices_batch("Review:", suffixes, choices)
@@ -334,7 +334,7 @@ def test_score_choices_batch_sums_choice_tokens_from_echo():
 
 def test_a_token_straddling_context_and_choice_counts_with_the_choice():
     with FaultServer() as server:
-        engine = make_engine(server)
+        engine = make_engine(server, scoring="echo")
         score = engine.score_choices("Label: pos", ["itive"])
     # The fake tokenizer reads "Label: positive" as ["Label", ":", " positive"].
     assert score[0] == pytest.approx(fake_logprob(" positive"))
@@ -366,16 +366,17 @@ def test_token_logprobs_of_empty_text_is_empty_without_a_request(fault_server):
 
 
 def test_an_over_long_prompt_fails_without_turning_echo_off():
+    labels = [" yes", " yes sir"]  # one first token: scoring="auto" scores them through echo
     with FaultServer(context_limit=50) as server:
         engine = make_engine(server)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no "falls back" warning either
             with pytest.raises(OpenAIEngineError, match="HTTP 400.*context_length_exceeded") as info:
-                engine.score_choices("Note: " + " ".join([SECRET] * 20), [" yes"])
+                engine.score_choices("Note: " + " ".join([SECRET] * 20), labels)
             assert SECRET not in str(info.value) and "4471" not in str(info.value)
             server.reset()
-            engine.score_choices("Short note.", [" yes"])
-        assert [r.body.get("echo") for r in posts(server)] == [True]
+            engine.score_choices("Short note.", labels)
+        assert [r.body.get("echo") for r in posts(server)] == [True, True]
 
 
 def test_token_logprobs_first_prompt_token_is_nan(fault_server):
@@ -386,7 +387,7 @@ def test_token_logprobs_first_prompt_token_is_nan(fault_server):
 
 def test_scoring_is_cached_when_enabled():
     with FaultServer(preferences=PREFS) as server:
-        engine = make_engine(server, cache=True)
+        engine = make_engine(server, cache=True, scoring="echo")
         first = engine.score_choices_batch("Review: ok.", [""], [" positive", " negative"])
         second = engine.score_choices_batch("Review: ok.", [""], [" positive", " negative"])
     np.testing.assert_array_equal(first, second)
@@ -516,7 +517,7 @@ LLAMA_CHOICES = [" positive", " very negative"]  # the second is several tokens
 @pytest.fixture(scope="module")
 def llama_run(llama_server):
     tg = import_textgrad()
-    engine = OpenAIEngine(LLAMA_MODEL_ALIAS, base_url=llama_server.base_url, mode="completions",
+    engine = OpenAIEngine(LLAMA_MODEL_ALIAS, base_url=llama_server.base_url, mode="completions", scoring="echo",
                           cache=True, max_concurrency=2, timeout=300, max_retries=1, default_max_tokens=8)
     run = SimpleNamespace(engine=engine)
     run.scores = engine.score_choices_batch(LLAMA_PREFIX, LLAMA_SUFFIXES, LLAMA_CHOICES)
