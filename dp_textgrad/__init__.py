@@ -44,6 +44,10 @@ _EXPORTS = {
     # tasks and private data
     "ClassificationTask": "dp_textgrad.tasks.base",
     "Example": "dp_textgrad.tasks.base",
+    "Task": "dp_textgrad.tasks.base",
+    "GenerationTask": "dp_textgrad.tasks.generation",
+    "GenerationExample": "dp_textgrad.tasks.generation",
+    "metric_from_name": "dp_textgrad.tasks.metrics",
     "make_support_task": "dp_textgrad.tasks.synthetic",
     "build_task_from_files": "dp_textgrad.tasks.loaders",
     "Private": "dp_textgrad.privacy.data",

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dp_textgrad.dp_es.reports import GenerationReport
     from dp_textgrad.dp_es.scoring_backends import ScoringFactory
     from dp_textgrad.lifetime_link import LifetimeOptions
-    from dp_textgrad.tasks.base import ClassificationTask
+    from dp_textgrad.tasks.base import Task
     from dp_textgrad.workflow import RunOutcome
 
 #: An observer: an object with any of ``on_lifetime``, ``on_start``, ``on_generation``,
@@ -32,7 +32,7 @@ GenerationCallback = Callable[["GenerationReport"], Any]
 
 
 def optimize(
-    task: ClassificationTask,
+    task: Task,
     engine: Any,
     config: DPESConfig | None = None,
     *,
@@ -58,7 +58,8 @@ def optimize(
     override ``config``'s values. A bad or unknown field raises :class:`ConfigError` naming
     it, before anything is read or written.
 
-    ``task``: a :class:`~dp_textgrad.tasks.base.ClassificationTask` (``make_support_task``,
+    ``task``: a :class:`~dp_textgrad.tasks.base.ClassificationTask` or a
+    :class:`~dp_textgrad.tasks.generation.GenerationTask` (``make_support_task``,
     ``build_task_from_files``); its ``private_train`` records are the private data.
     ``engine``: ``LlamaCppEngine()``, ``OpenAIEngine(...)``, any dp-textgrad engine.
     ``run_dir``: the directory to write (default: a new ``<runs_root>/<id>/``).
@@ -126,7 +127,7 @@ def optimize(
 
 def resume(
     run_dir: str | Path,
-    task: ClassificationTask,
+    task: Task,
     engine: Any,
     *,
     observers: Iterable[Observer] = (),

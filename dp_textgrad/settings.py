@@ -11,14 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from dp_textgrad.dp_es.config import DPESConfig
 
 if TYPE_CHECKING:  # the build methods import these when they run: reading settings stays cheap
     from dp_textgrad.distributed import RayScoringPool
     from dp_textgrad.engines.base import Engine
-    from dp_textgrad.tasks.base import ClassificationTask
+    from dp_textgrad.tasks.base import Task
 
 
 class Section(BaseModel):
@@ -30,10 +30,33 @@ class Section(BaseModel):
 DEFAULT_FILE_SEED_PROMPT = "Read the text and name its label."
 
 
-class TaskSection(Section):
-    """Either a built-in task (``name``) or the user's files (``train`` + ``test``)."""
+# Built-in tasks whose prompts generate text (the others classify): their kind is known by name.
+GENERATION_TASK_NAMES = ("support_extract",)
+# Fields that only one family of task reads: given with the other family they are an error.
+CLASSIFY_ONLY = ("text_column", "label_column", "labels")
+GENERATE_ONLY = (
+    "input_column",
+    "target_column",
+    "metric",
+    "metric_options",
+    "categories",
+    "max_new_tokens",
+    "stop",
+)
+DEFAULT_GENERATION_SEED_PROMPT = "Read the input and write the answer."
 
-    name: Literal["support", "sst2", "banking77"] | None = Field(
+
+class TaskSection(Section):
+    """Either a built-in task (``name``) or the user's files (``train`` + ``test``).
+
+    ``kind``: ``classify`` (the default: a label per record) or ``generate`` (a reference
+    answer per record, scored by ``metric``); each family's own fields are refused with the other.
+    """
+
+    kind: Literal["classify", "generate"] = Field(
+        "classify", description="classify (a label per record) or generate (a reference answer, scored by a metric)"
+    )
+    name: Literal["support", "sst2", "banking77", "support_extract"] | None = Field(
         None, description="built-in task; its builder's arguments go in `options`"
     )
     train: Path | None = Field(None, description="private training file (.csv, .tsv or .jsonl)")
@@ -60,7 +83,63 @@ class TaskSection(Section):
     seed_prompt: str | None = Field(
         None, description=f"the prompt evolution starts from (files: default {DEFAULT_FILE_SEED_PROMPT!r})"
     )
+    # -- generation tasks (kind: generate) --------------------------------------------------
+    input_column: str = Field("input", min_length=1, description="generate: the column (JSONL key) of the input")
+    target_column: str = Field(
+        "target", min_length=1, description="generate: the reference answer; a dotted path reads nested JSON"
+    )
+    metric: str = Field(
+        "exact", description="generate: exact | f1 | numeric | rouge_l | json_fields | regex | judge | python:M:F"
+    )
+    metric_options: dict[str, Any] = Field(default_factory=dict, description="generate: the metric's options")
+    categories: dict[str, str] | None = Field(
+        None, description="generate: re-describe the metric's public failure categories (name -> one line)"
+    )
+    max_new_tokens: int = Field(64, ge=1, description="generate: public cap on the tokens of one output")
+    stop: list[str] | None = Field(None, description="generate: stop strings (default: a blank line, 'Input:')")
     options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the task builder")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, value: str) -> str:
+        from dp_textgrad.tasks.metrics import METRIC_NAMES
+
+        if value == "judge" or value in METRIC_NAMES or (value.startswith("python:") and value.count(":") == 2):
+            return value
+        close = difflib.get_close_matches(value, [*METRIC_NAMES, "judge"], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown metric {value!r}; use one of {', '.join(METRIC_NAMES)}, judge{hint}")
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not s for s in value):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    @field_validator(*CLASSIFY_ONLY, *GENERATE_ONLY)
+    @classmethod
+    def _family_field(cls, value: Any, info: ValidationInfo) -> Any:
+        """A field of one family, given (not its default: a saved copy of the settings writes
+        every default out) with a built-in task or a task of the other family, is refused."""
+        key = str(info.field_name)
+        if value == cls.model_fields[key].get_default(call_default_factory=True):
+            return value
+        if info.data.get("name") is not None and key in GENERATE_ONLY:  # (classify-only ones: ignored, as before)
+            raise ValueError(
+                "applies to your own files (task.train/task.test); a built-in task takes its builder's "
+                "arguments in task.options"
+            )
+        kind = info.data.get("kind")
+        if kind == "generate" and key in CLASSIFY_ONLY:
+            fix = {"text_column": "input_column", "label_column": "target_column"}.get(key, "metric")
+            raise ValueError(f"applies only to task.kind: classify, and this task is kind generate; use {fix}")
+        if kind == "classify" and key in GENERATE_ONLY:
+            raise ValueError(
+                "applies only to task.kind: generate, and this task is kind classify (the default); "
+                "set task.kind: generate, or drop it"
+            )
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> TaskSection:
@@ -68,7 +147,15 @@ class TaskSection(Section):
         if self.name is not None and files:
             raise ValueError(f"give either name or train/test files, not both (got name and {', '.join(files)})")
         if self.name is None and (self.train is None or self.test is None):
-            raise ValueError("give name (support, sst2, banking77) or both train and test files")
+            raise ValueError("give name (support, sst2, banking77, support_extract) or both train and test files")
+        if self.name is not None:
+            builtin = "generate" if self.name in GENERATION_TASK_NAMES else "classify"
+            if "kind" in self.model_fields_set and self.kind != builtin:
+                raise ValueError(
+                    f"kind: the built-in task {self.name} is a {builtin} task, not {self.kind}; drop task.kind "
+                    f"or set it to {builtin}"
+                )
+            self.kind = builtin  # type: ignore[assignment]  # the built-in task decides its family
         return self
 
     def display_name(self) -> str:
@@ -77,17 +164,36 @@ class TaskSection(Section):
         assert self.train is not None  # the validator: a name, or train and test files
         return f"custom ({self.train.name})"
 
-    def build(self) -> ClassificationTask:
-        """The task this section names: a built-in task's builder, or the user's files read."""
+    def needs_engine(self) -> bool:
+        """Whether building the task needs the run's engine (``metric: judge`` asks it to grade)."""
+        return self.name is None and self.kind == "generate" and self.metric == "judge"
+
+    def private_records(self) -> Any:
+        """The task's private records (a ``PrivateDataset``), read without any engine: a judge's
+        metric does not change which records a task holds (``ledger`` fingerprints them)."""
+        section = self
+        if self.needs_engine():
+            section = self.model_copy(update={"metric": "exact", "metric_options": {}, "categories": None})
+        return section.build().private_train
+
+    def build(self, engine: Engine | None = None) -> Task:
+        """The task this section names: a built-in task's builder, or the user's files read.
+
+        ``engine``: the run's engine, which a judge metric (``metric: judge``) grades with; the
+        other tasks do not need it. Every check of the files and the metric runs here, before
+        anything is charged.
+        """
         options = dict(self.options)
         try:
             if self.name is not None:
                 from dp_textgrad.tasks.registry import get_task
 
                 return get_task(self.name, **options)
+            assert self.train is not None and self.test is not None  # the validator: name, or both files
+            if self.kind == "generate":
+                return self._build_generation(engine, options)
             from dp_textgrad.tasks.loaders import build_task_from_files
 
-            assert self.train is not None and self.test is not None  # the validator: name, or both files
             if self.record_template is not None:
                 options["record_template"] = self.record_template
             options["seed_prompt"] = self.seed_prompt or DEFAULT_FILE_SEED_PROMPT
@@ -105,6 +211,40 @@ class TaskSection(Section):
             )
         except TypeError as exc:
             raise ValueError(f"task.options: not accepted by the task builder ({exc})") from None
+
+    def _build_generation(self, engine: Engine | None, options: dict[str, Any]) -> Task:
+        from dp_textgrad.tasks.generation_files import build_generation_task_from_files
+        from dp_textgrad.tasks.metrics import Metric, judge_from_options, metric_from_name
+
+        assert self.train is not None and self.test is not None
+        metric: Metric
+        if self.metric == "judge":
+            if engine is None:
+                raise ValueError(
+                    "task.metric: judge grades with the run's engine; build the task with it "
+                    "(TaskSection.build(engine)), or choose a metric that needs no model"
+                )
+            metric = judge_from_options(engine, self.metric_options, categories=self.categories)
+        else:
+            metric = metric_from_name(self.metric, self.metric_options, categories=self.categories)
+        if self.record_template is not None:
+            options["record_template"] = self.record_template
+        if self.stop is not None:
+            options["stop"] = tuple(self.stop)
+        options["seed_prompt"] = self.seed_prompt or DEFAULT_GENERATION_SEED_PROMPT
+        return build_generation_task_from_files(
+            "custom",
+            self.train,
+            self.test,
+            metric,
+            public=self.public,
+            input_column=self.input_column,
+            target_column=self.target_column,
+            description=self.description,
+            max_new_tokens=self.max_new_tokens,
+            encoding=self.encoding,
+            **options,
+        )
 
 
 class EngineSection(Section):
@@ -241,6 +381,23 @@ class OptimizeSettings(Section):
     output: OutputSection = Field(default_factory=OutputSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
 
+    @model_validator(mode="after")
+    def _judge_fits(self) -> OptimizeSettings:
+        if self.task.needs_engine():
+            if self.distributed.enabled:
+                # The judge holds the driver's engine; Ray actors would need a judge of their own.
+                raise ValueError(
+                    "task.metric: judge cannot score on Ray actors (distributed.enabled); score in this "
+                    "process (distributed.enabled: false) or choose a metric that needs no model"
+                )
+            if not self.engine.follows_instructions():
+                raise ValueError(
+                    "task.metric: judge needs an instruction-following engine to grade, and the default local "
+                    "model (a base model) is not one; use engine.kind openai or your own instruction-tuned "
+                    "GGUF (engine.model; engine.options.instruction_following: true)"
+                )
+        return self
+
 
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:
     model: Any = OptimizeSettings
@@ -352,8 +509,8 @@ def build_settings(
         current = dict(current) if isinstance(current, dict) else {}
         if section == "task":
             # A flag naming the task replaces the file's choice of source.
-            if "name" in given:
-                for key in ("train", "test", "public"):
+            if "name" in given:  # the built-in task decides its family and its own settings
+                for key in ("train", "test", "public", "kind", *GENERATE_ONLY):
                     current.pop(key, None)
             if "train" in given or "test" in given:
                 current.pop("name", None)

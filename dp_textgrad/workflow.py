@@ -26,16 +26,19 @@ from dp_textgrad.lifetime_link import LifetimeOptions, LifetimeStatus
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.data import PrivateScoringError
 from dp_textgrad.run_events import stopped_early
-from dp_textgrad.tasks.base import ClassificationTask
+from dp_textgrad.tasks.base import Task
 
 
 @dataclass
 class Evaluation:
-    """Test-split accuracy of the seed and released prompts (research evaluation, not covered by DP).
+    """Test-split scores of the seed and released prompts (research evaluation, not covered by DP).
 
-    With per-record outcomes (:func:`paired_evaluation`): the difference released - seed with
-    its 95% interval (Wald on the paired differences) and the exact McNemar p-value of the
-    discordant pairs.
+    ``seed_accuracy`` / ``released_accuracy`` keep their names for old readers: they are the
+    mean of the task's metric (``metric``: ``accuracy`` for a classification task, ``exact``,
+    ``f1``, ... for a generation task). ``interval`` says how the 95% intervals were made:
+    ``wilson`` (binary scores: Wilson for each prompt, Wald on the paired differences and the
+    exact McNemar p-value of the discordant pairs) or ``bootstrap`` (other scores: percentile
+    bootstrap for each prompt and a paired bootstrap for the difference; no McNemar test).
     """
 
     seed_accuracy: float
@@ -46,49 +49,115 @@ class Evaluation:
     difference_high: float | None = None
     mcnemar_p: float | None = None
     discordant: tuple[int, int] | None = None  # (released right and seed wrong, the reverse)
+    metric: str = "accuracy"
+    interval: str = "wilson"
+    seed_low: float | None = None
+    seed_high: float | None = None
+    released_low: float | None = None
+    released_high: float | None = None
 
 
-def scores_on_test(task: ClassificationTask, engine: Any, prompt: str) -> np.ndarray:
-    """Per-record scores in [0, 1] of ``prompt`` on the task's public test split (charges nothing).
-
-    The scoring is the task's: a task with ``public_scores(engine, prompt, records)`` (a
-    generation task and its metric) is asked for them; a classification task scores 1 for the
-    right label and 0 otherwise. No private record is read.
-    """
-    own = getattr(task, "public_scores", None)
-    if own is not None:
-        return np.asarray(own(engine, prompt, task.test), dtype=float)
-    outcomes = task.public_outcomes(engine, prompt, task.test)
-    return np.asarray(outcomes.predicted == outcomes.gold, dtype=float)
+BOOTSTRAP_RESAMPLES = 9999
 
 
-def compare_paired(first: np.ndarray, second: np.ndarray) -> Evaluation:
-    """``second`` against ``first`` on the same records: the paired difference and, for 0/1 scores, McNemar."""
+def _binary(task: Any, *scores: np.ndarray) -> bool:
+    """Wilson and McNemar apply: the task's metric is binary (unknown: assumed) and every score is 0 or 1."""
+    declared = bool(getattr(task, "binary_scores", True))
+    return declared and all(bool(np.isin(values, (0.0, 1.0)).all()) for values in scores)
+
+
+def score_interval(values: np.ndarray, binary: bool) -> tuple[float, float]:
+    """The 95% interval of the mean of ``values``: Wilson for 0/1 scores, else a percentile bootstrap
+    (NaN for fewer than two records, which have no spread to resample)."""
+    from dp_textgrad.report.plots import accuracy_ci
+
+    mean = float(values.mean())
+    if binary:
+        return accuracy_ci(mean, values.size)
+    if values.size < 2:
+        return float("nan"), float("nan")
+    if np.all(values == values[0]):  # no spread: every resample has the same mean
+        return mean, mean
     from scipy import stats
 
+    ci = stats.bootstrap(
+        (values,), np.mean, confidence_level=0.95, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile", random_state=0
+    ).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def scores_on_test(task: Task, engine: Any, prompt: str) -> np.ndarray:
+    """Per-record scores in [0, 1] of ``prompt`` on the task's public test split (charges nothing).
+
+    The scoring is the task's ``public_scores``: a generation task's metric, or 1 for the right
+    label and 0 otherwise for a classification task. No private record is read.
+    """
+    return np.asarray(task.public_scores(engine, prompt, task.test), dtype=float)
+
+
+def compare_paired(
+    first: np.ndarray, second: np.ndarray, *, binary: bool | None = None, metric: str = "accuracy"
+) -> Evaluation:
+    """``second`` against ``first`` on the same records: each mean with its 95% interval and the
+    paired difference. Binary scores (``binary``; default: every score is 0 or 1): Wilson, a Wald
+    interval on the differences and McNemar; other scores: bootstrap and a paired bootstrap."""
+    from scipy import stats
+
+    first, second = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
     diff = second - first
     n = diff.size
-    binary = bool(np.isin(first, (0.0, 1.0)).all() and np.isin(second, (0.0, 1.0)).all())
+    if binary is None:
+        binary = _binary(None, first, second)
     better, worse = int(np.sum(diff > 0)), int(np.sum(diff < 0))
     p_value = 1.0 if better + worse == 0 else float(stats.binomtest(better, better + worse, 0.5).pvalue)
-    half = 1.959963984540054 * float(np.std(diff, ddof=1)) / np.sqrt(n) if n > 1 else float("nan")
+    if binary:
+        half = 1.959963984540054 * float(np.std(diff, ddof=1)) / np.sqrt(n) if n > 1 else float("nan")
+        low, high = float(diff.mean() - half), float(diff.mean() + half)
+    elif n < 2:
+        low = high = float("nan")
+    elif np.all(diff == diff[0]):
+        low = high = float(diff[0])
+    else:
+        ci = stats.bootstrap(
+            (first, second),
+            lambda a, b, axis=-1: np.mean(b - a, axis=axis),
+            paired=True,
+            vectorized=True,
+            confidence_level=0.95,
+            n_resamples=BOOTSTRAP_RESAMPLES,
+            method="percentile",
+            random_state=0,
+        ).confidence_interval
+        low, high = float(ci.low), float(ci.high)
+    seed_low, seed_high = score_interval(first, binary)
+    released_low, released_high = score_interval(second, binary)
     return Evaluation(
         seed_accuracy=float(first.mean()),
         released_accuracy=float(second.mean()),
         n_test=n,
         difference=float(diff.mean()),
-        difference_low=float(diff.mean() - half),
-        difference_high=float(diff.mean() + half),
+        difference_low=low,
+        difference_high=high,
         mcnemar_p=p_value if binary else None,
         discordant=(better, worse) if binary else None,
+        metric=metric,
+        interval="wilson" if binary else "bootstrap",
+        seed_low=seed_low,
+        seed_high=seed_high,
+        released_low=released_low,
+        released_high=released_high,
     )
 
 
-def paired_evaluation(task: ClassificationTask, engine: Any, seed_prompt: str, released_prompt: str) -> Evaluation:
+def paired_evaluation(task: Task, engine: Any, seed_prompt: str, released_prompt: str) -> Evaluation:
     """Both prompts on the same test records, compared pairwise (McNemar, paired interval)."""
     seed = scores_on_test(task, engine, seed_prompt)
     released = seed if released_prompt == seed_prompt else scores_on_test(task, engine, released_prompt)
-    return compare_paired(seed, released)
+    return compare_paired(seed, released, binary=_binary(task, seed, released), metric=_metric(task))
+
+
+def _metric(task: Any) -> str:
+    return str(getattr(task, "metric_name", "accuracy"))
 
 
 @dataclass
@@ -107,34 +176,29 @@ class PromptScore:
     against_first: Evaluation | None = None
 
 
-def evaluate_prompts(task: ClassificationTask, engine: Any, prompts: list[str]) -> list[PromptScore]:
+def evaluate_prompts(task: Task, engine: Any, prompts: list[str]) -> list[PromptScore]:
     """Score each prompt on ``task.test`` (public; charges nothing, reads no private record).
 
-    Per prompt its mean score (accuracy for a classification task) with a Wilson interval, or a
-    bootstrap one for scores that are not all 0 or 1; every prompt after the first is compared
-    with the first on the same records as :func:`paired_evaluation` does.
+    Per prompt its mean score (the task's ``metric_name``: accuracy for a classification task)
+    with a Wilson interval for a binary metric, or a percentile bootstrap for any other (or any
+    scores not all 0 or 1); every prompt after the first is compared with the first on the same
+    records as :func:`paired_evaluation` does (paired bootstrap for a non-binary metric).
     """
-    from scipy import stats
-
-    from dp_textgrad.report.plots import accuracy_ci
-
     if not task.test:
         raise ValueError("test: the task has no test records to score prompts on; give it a test split")
     scored: dict[str, np.ndarray] = {}
-    results: list[PromptScore] = []
     for prompt in prompts:
         if prompt not in scored:
             scored[prompt] = scores_on_test(task, engine, prompt)
+    # One kind of interval for every prompt of the table: binary only when all of them are 0/1.
+    binary = _binary(task, *scored.values())
+    results: list[PromptScore] = []
+    for prompt in prompts:
         values = scored[prompt]
-        mean = float(values.mean())
-        if np.isin(values, (0.0, 1.0)).all():
-            (low, high), interval = accuracy_ci(mean, values.size), "wilson"
-        else:
-            ci = stats.bootstrap((values,), np.mean, confidence_level=0.95, method="percentile", random_state=0)
-            low, high = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
-            interval = "bootstrap"
-        against = compare_paired(scored[prompts[0]], values) if results else None
-        results.append(PromptScore(mean, low, high, values.size, interval, against))
+        low, high = score_interval(values, binary)
+        against = compare_paired(scored[prompts[0]], values, binary=binary, metric=_metric(task)) if results else None
+        interval = "wilson" if binary else "bootstrap"
+        results.append(PromptScore(float(values.mean()), low, high, values.size, interval, against))
     return results
 
 
@@ -158,7 +222,7 @@ class RunOutcome:
 
 
 def build_optimizer(
-    task: ClassificationTask,
+    task: Task,
     engine: Any,
     config: DPESConfig,
     run_dir: Path,
@@ -181,7 +245,7 @@ def build_optimizer(
 
 
 def run(
-    task: ClassificationTask,
+    task: Task,
     engine: Any,
     config: DPESConfig,
     *,
@@ -256,6 +320,8 @@ def run(
             "config",
             {
                 "task": task_name,
+                "task_kind": str(getattr(task, "kind", "classify")),
+                "metric": str(getattr(task, "metric_name", "accuracy")),
                 "engine": engine_name,
                 "config": optimizer.config.model_dump(),
                 "seed_prompt": seed_text,

@@ -46,7 +46,8 @@ def _outputs_text(notebook: nbformat.NotebookNode) -> str:
     return "".join(parts)
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "budget_planning.ipynb", "custom_task.ipynb"])
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "budget_planning.ipynb", "custom_task.ipynb",
+                                  "extraction.ipynb"])
 def test_notebook_is_committed_without_outputs(name: str) -> None:
     notebook = nbformat.read(EXAMPLES / name, as_version=4)
     nbformat.validate(notebook)
@@ -89,6 +90,17 @@ def test_custom_task_notebook_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     text = _outputs_text(execute_notebook("custom_task.ipynb", tmp_path))
     assert "released prompt:" in text
     assert "skipping the server example" in text
+
+
+@pytest.mark.slow
+@needs_llama
+def test_extraction_notebook_runs(tmp_path: Path) -> None:
+    text = _outputs_text(execute_notebook("extraction.ipynb", tmp_path))
+    assert "metric: exact" in text and "released prompt:" in text
+    spent = re.search(r"epsilon spent: ([0-9.]+) of ([0-9.]+)", text)
+    assert spent and float(spent.group(1)) <= float(spent.group(2))
+    assert re.search(r"test exact \(n=40\): seed [0-9.]+ \[", text) and "McNemar p =" in text
+    assert not list(tmp_path.iterdir()), "the notebook must not write into its working directory"
 
 
 def test_api_reference_matches_docstrings(tmp_path: Path) -> None:

@@ -26,8 +26,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli
-from dp_textgrad.settings import EngineSection
 from dp_textgrad.engines.scripted import ScriptedEngine, scripted_tokens
+from dp_textgrad.settings import EngineSection
 
 LABELS = ("bill", "tech", "fraud")
 CUES = {"bill": "I was charged twice for my plan", "tech": "the app crashes when I open it",
@@ -244,3 +244,179 @@ def masked_differences(a: Capture, b: Capture) -> list[str]:
     skip = ("report.md", "report.html", "plots/", "released_prompt.txt")
     names = sorted(n for n in set(a.released) | set(b.released) if not n.startswith(skip))
     return [n for n in names if n not in a.released or n not in b.released or masked(a, n) != masked(b, n)]
+
+
+# -- generation twins: the Python API, an engine whose output length and latency follow the record ----
+GEN_CITIES = ("Paris", "Oslo", "Lima", "Rome")
+GEN_MARKER = "zqxjmarker"  # the long record's tell: the engine writes 200 words for it, slowly
+GEN_CHILDREN = ("Name the city the message mentions, one word.", "Give the city of the order, one word only.")
+GEN_TEMPLATE = "Input: {text}\nOutput:"
+
+
+def generation_records(n: int, start: int = 0) -> list:
+    from dp_textgrad.tasks.generation import GenerationExample
+
+    return [GenerationExample(f"Order {i} went to a shop in {GEN_CITIES[i % 4]}", reference=GEN_CITIES[i % 4])
+            for i in range(start, start + n)]
+
+
+def generation_long_record(records: Sequence) -> object:
+    """Ten times the median input, rare tokens and the marker; its reference is no city of the
+    run's answers, so every candidate scores it 0 (an invisible record for the DP sums)."""
+    from dp_textgrad.tasks.generation import GenerationExample
+
+    median = float(np.median([len(scripted_tokens(r.text)) for r in records]))
+    words = RARE.split()
+    text = GEN_MARKER + " " + " ".join(words[i % len(words)] + str(i) for i in range(int(10 * median)))
+    return GenerationExample(text, reference="Atlantis")
+
+
+class LengthTimedGenerator(ScriptedEngine):
+    """Answers the city of the input when the prompt asks for the city; for the record holding
+    :data:`GEN_MARKER` it writes 200 words after a pause (output length and latency follow the
+    record, as a real model's do). As a judge ("Grade: N/10" prompts) it compares the answer with
+    the reference. Anything else (mutation, critiques) gets :data:`GEN_CHILDREN` in turn."""
+
+    seconds_per_word = 0.0005
+
+    def __init__(self) -> None:
+        self._turn = 0
+        super().__init__(responses=self._answer)
+
+    def _answer(self, prompt: str, system: str | None) -> str:
+        if "Answer to grade:" in prompt:  # the judge: the same engine, so its calls are private usage
+            reference = prompt.split("Reference answer:\n", 1)[1].split("\n\n", 1)[0].strip()
+            answer = prompt.split("Answer to grade:\n", 1)[1].split("\n\n", 1)[0].strip()
+            return "Grade: 10/10" if answer == reference else "Grade: 0/10"
+        if prompt.rstrip().endswith("Output:"):  # a record to answer
+            record = prompt.rsplit("Input:", 1)[-1]
+            if GEN_MARKER in record:
+                time.sleep(200 * self.seconds_per_word)
+                return " " + " ".join(f"w{i}" for i in range(200))
+            match = re.search(r"in (\w+)", record)
+            return " " + (match.group(1) if match and "city" in prompt.lower() else "none")
+        self._turn += 1
+        return GEN_CHILDREN[self._turn % len(GEN_CHILDREN)]
+
+
+def couple_failure_histogram(monkeypatch) -> None:
+    """The coupling of the DP proof for the failure histogram, made explicit (tests only).
+
+    In the D+x run the long record adds one unit to its category in each released histogram
+    (when it is sampled). The Gaussian's proof pairs the noise e of the D run with e minus that
+    one-hot vector for the D+x run; under that pairing both runs release the same histogram.
+    Here the D+x run's histogram totals are taken as if the unit were not there (after the
+    one-unit-per-record check); the noise draws are unchanged. Its scores need no coupling:
+    the record scores 0 for every candidate.
+    """
+    from dp_textgrad.dp_es import scoring_backends
+    from dp_textgrad.tasks.generation import GenerationTask
+
+    units: dict[str, np.ndarray] = {}
+    outcomes, outcomes_many = GenerationTask._outcomes, GenerationTask._outcomes_many
+    totals = scoring_backends.batch_totals
+
+    def mark(self, prompt, examples, found) -> None:
+        unit = np.zeros(len(self.metric.categories))
+        for example, category in zip(examples, found.categories):
+            if GEN_MARKER in example.text:
+                unit[int(category)] += 1.0
+        units[prompt] = unit
+
+    def marked_outcomes(self, engine, prompt, examples):
+        found = outcomes(self, engine, prompt, examples)
+        mark(self, prompt, examples, found)
+        return found
+
+    def marked_outcomes_many(self, engine, prompts, examples):  # the scorer's path: all prompts per record
+        found = outcomes_many(self, engine, prompts, examples)
+        for prompt, one in zip(prompts, found):
+            mark(self, prompt, examples, one)
+        return found
+
+    def coupled_totals(task, engine, prompts, batch, clip_bound, with_confusion):
+        units.clear()
+        found = totals(task, engine, prompts, batch, clip_bound, with_confusion)
+        if found.confusion is None:
+            return found
+        shift = np.stack([units[str(p)] for p in prompts])
+        return scoring_backends.SubsampleTotals(found.sums, found.confusion - shift)
+
+    monkeypatch.setattr(GenerationTask, "_outcomes", marked_outcomes)
+    monkeypatch.setattr(GenerationTask, "_outcomes_many", marked_outcomes_many)
+    monkeypatch.setattr(scoring_backends, "batch_totals", coupled_totals)
+
+
+class EventRecorder:
+    """Every event a run's observers get, as text: the callback stream of a twin run."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def _add(self, kind: str, event: object) -> None:
+        as_dict = getattr(event, "as_dict", None)
+        body = json.dumps(as_dict(), sort_keys=True, default=str) if callable(as_dict) else repr(event)
+        self.lines.append(f"{kind} {body}")
+
+    def on_lifetime(self, event: object) -> None:
+        self._add("lifetime", event)
+
+    def on_start(self, event: object) -> None:
+        self._add("start", event)
+
+    def on_generation(self, report: object) -> None:
+        self._add("generation", report)
+        self.lines.append(f"generation-raw {report!r}")  # every field a user callback can read
+
+    def on_finish(self, event: object) -> None:
+        self._add("finish", event)
+        self.lines.append(f"finish-result {getattr(event, 'result', None)!r}")
+
+    def on_fail(self, event: object) -> None:
+        self._add("fail", event)
+
+
+def run_generation_twin(root: Path, records: Sequence, settings: dict, *, metric: str = "exact",
+                        engine_factory: Callable[[], ScriptedEngine] = LengthTimedGenerator,
+                        coupled_extra_records: int = 0) -> Capture:
+    """One ``dp_textgrad.optimize`` run of a generation task on ``records``; stdout, stderr and the
+    observers' event stream are released channels too. ``coupled_extra_records``: this run is
+    the twin with the long record (its size count and failure histogram coupled to the other's)."""
+    import contextlib
+    import io
+
+    import dp_textgrad
+    from dp_textgrad.privacy.data import PrivateDataset
+    from dp_textgrad.tasks.generation import GenerationTask
+    from dp_textgrad.tasks.metrics import JudgeMetric, metric_from_name
+
+    engine = engine_factory()
+    task = GenerationTask(
+        name="cities", description="Messages about orders; the answer is the city the order went to.",
+        private_train=PrivateDataset(list(records)), test=generation_records(8, 100),
+        metric=JudgeMetric(engine) if metric == "judge" else metric_from_name(metric),
+        public_examples=generation_records(4, 200), record_template=GEN_TEMPLATE, max_new_tokens=256,
+        seed_prompt="Read the message.")
+    recorder = EventRecorder()
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as coupling, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        if coupled_extra_records:
+            couple_size_count(coupling, coupled_extra_records)
+            couple_failure_histogram(coupling)
+        try:
+            dp_textgrad.optimize(task, engine, runs_root=root / "runs", observers=[recorder], **settings)
+            exit_code = 0
+        except Exception as exc:  # noqa: BLE001 - the failure is itself a released channel
+            err.write(f"{type(exc).__name__}: {exc}\n")
+            exit_code = 1
+    run_dirs = [p for p in (root / "runs").iterdir() if p.is_dir() and p.name != "operator"]
+    assert len(run_dirs) == 1, (err.getvalue(), run_dirs)
+
+    class _Result:  # what collect() reads from a CLI result
+        pass
+
+    result = _Result()
+    result.exit_code, result.stdout, result.stderr = exit_code, out.getvalue(), err.getvalue()
+    capture = collect(root, run_dirs[0], result)
+    capture.released["<callbacks>"] = "\n".join(recorder.lines).encode()
+    return capture

@@ -216,7 +216,7 @@ def ledger(
             if settings.output.dataset_key is not None:  # the run file names its dataset: no data read
                 datasets = [the_store.declared_key(settings.output.dataset_key)]
             else:
-                datasets = [the_store.fingerprint(settings.task.build().private_train)]
+                datasets = [the_store.fingerprint(settings.task.private_records())]
         if not datasets:
             console.print(f"No runs recorded in {path}.")
         for number, dataset in enumerate(datasets, start=1):

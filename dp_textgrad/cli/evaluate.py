@@ -4,8 +4,11 @@ Reads the task and engine of a run file (or the flags ``optimize`` takes for the
 prompt file (and, with ``--seed-prompt``, the task's seed prompt) on ``task.test`` through
 :func:`dp_textgrad.workflow.evaluate_prompts`, and prints a table or JSON lines. The test split
 is public in this project's threat model: the numbers are outside the DP guarantee; nothing is
-charged, and no private training record is scored or shown. A task that names its measure
-(``metric_name``; default ``accuracy``) has it shown. Heavy modules load when it runs.
+charged, and no private training record is scored or shown. Both task families: the measure is
+the task's ``metric_name`` (``accuracy`` for classification; ``exact``, ``f1``, ... for a
+generation task), shown by its readable name, with Wilson intervals and McNemar for a binary
+metric and bootstrap intervals (paired for the difference) for any other. Heavy modules load
+when it runs.
 """
 
 from __future__ import annotations
@@ -49,12 +52,15 @@ def _number(value: Any) -> Any:
 
 
 def _rows(labels: list[str], scores: list[Any], metric: str) -> list[dict[str, Any]]:
+    from dp_textgrad.report.fmt import metric_label
+
     rows = []
     for label, score in zip(labels, scores, strict=True):
         paired = score.against_first
         row = {
             "prompt": label,
             "metric": metric,
+            "metric_label": metric_label(metric),
             "score": score.score,
             "low": score.low,
             "high": score.high,
@@ -75,27 +81,31 @@ def _rows(labels: list[str], scores: list[Any], metric: str) -> list[dict[str, A
 def _print_table(rows: list[dict[str, Any]], task_name: str, engine_name: str) -> None:
     from rich.table import Table
 
+    from dp_textgrad.report.fmt import INTERVAL_LABELS
+    from dp_textgrad.report.fmt import num as fmt_num
+
     def signed(value: float | None) -> str:
         return "" if value is None else f"{value:+.3f}"
 
     first = rows[0]
+    binary = first["interval"] == "wilson"
+    method = INTERVAL_LABELS.get(first["interval"], first["interval"])
     table = Table(
         title=f"{task_name} on {engine_name}: {first['n_test']} test records",
-        caption=f"95% intervals: {first['interval']} for each prompt, paired for the difference",
+        caption=f"95% intervals: {method} for each prompt, "
+        + ("Wald on the paired differences" if binary else "paired bootstrap for the difference"),
     )
     table.add_column("prompt", overflow="fold")
-    for column in (first["metric"], "95% interval", "difference vs first", "McNemar p"):
+    columns = [first["metric_label"], "95% interval", "difference vs first"] + (["McNemar p"] if binary else [])
+    for column in columns:
         table.add_column(column, no_wrap=True)
     for row in rows:
         low, high = signed(row["difference_low"]), signed(row["difference_high"])
         difference = f"{signed(row['difference'])} [{low}, {high}]" if row["difference"] is not None else ""
-        table.add_row(
-            row["prompt"],
-            f"{row['score']:.3f}",
-            f"[{row['low']:.3f}, {row['high']:.3f}]",
-            difference,
-            "" if row["mcnemar_p"] is None else f"{row['mcnemar_p']:.3g}",
-        )
+        cells = [row["prompt"], f"{row['score']:.3f}", f"[{fmt_num(row['low'])}, {fmt_num(row['high'])}]", difference]
+        if binary:
+            cells.append("" if row["mcnemar_p"] is None else f"{row['mcnemar_p']:.3g}")
+        table.add_row(*cells)
     console.print(table)
     console.print(f"Note: {NOTE}.", highlight=False)
 
@@ -130,7 +140,10 @@ def evaluate(
             raise ValueError("--prompt: give at least one prompt file (--prompt FILE, repeatable) or --seed-prompt")
         prompts = _read_prompts(files)  # before any task or engine is built: a typo fails fast
         settings = run_file.settings_from(config, flags)
-        the_task = settings.task.build()
+        # A judge grades with the run's engine, so it is loaded first; otherwise the files are
+        # checked before a model is loaded.
+        the_engine = settings.engine.build() if settings.task.needs_engine() else None
+        the_task = settings.task.build(the_engine) if the_engine is not None else settings.task.build()
         if not the_task.test:
             raise ValueError(
                 "test: the task has no test records to score prompts on; give a test file (task.test in the "
@@ -140,7 +153,8 @@ def evaluate(
             if not the_task.seed_prompt.strip():
                 raise ValueError("--seed-prompt: the task has no seed prompt; set task.seed_prompt or drop the flag")
             prompts.insert(0, (SEED_LABEL, the_task.seed_prompt))
-        the_engine = settings.engine.build()
+        if the_engine is None:
+            the_engine = settings.engine.build()
         scores = evaluate_prompts(the_task, the_engine, [text for _, text in prompts])
         metric = str(getattr(the_task, "metric_name", "accuracy"))
         rows = _rows([label for label, _ in prompts], scores, metric)

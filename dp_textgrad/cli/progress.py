@@ -251,17 +251,27 @@ def print_outcome(console: Console, outcome) -> None:
             f"(smallest valid bound; {by})"
         )
     if outcome.evaluation is not None:
+        from dp_textgrad.report.fmt import INTERVAL_LABELS, metric_label
+
         ev = outcome.evaluation
+        method = INTERVAL_LABELS.get(ev.interval, ev.interval)
         paired = ""
         if ev.difference is not None:
             paired = (
                 f"; difference {ev.difference:+.3f} "
-                f"[95% CI {ev.difference_low:+.3f}, {ev.difference_high:+.3f}], "
-                f"McNemar p = {ev.mcnemar_p:.2g}"
+                f"[95% {'CI' if ev.interval == 'wilson' else 'paired ' + method} "
+                f"{ev.difference_low:+.3f}, {ev.difference_high:+.3f}]"
             )
+            if ev.mcnemar_p is not None:
+                paired += f", McNemar p = {ev.mcnemar_p:.2g}"
+
+        def scored(value: float, low: float | None, high: float | None) -> str:
+            return f"{value:.3f}" if low is None or high is None else f"{value:.3f} [{low:.3f}, {high:.3f}]"
+
         console.print(
-            f"[bold]Test accuracy[/] (n={ev.n_test}, not covered by DP): seed {ev.seed_accuracy:.3f} -> "
-            f"released {ev.released_accuracy:.3f}{paired}",
+            f"[bold]Test {metric_label(ev.metric)}[/] (n={ev.n_test}, 95% {method} intervals, not covered by DP): "
+            f"seed {scored(ev.seed_accuracy, ev.seed_low, ev.seed_high)} -> "
+            f"released {scored(ev.released_accuracy, ev.released_low, ev.released_high)}{paired}",
             soft_wrap=True,
         )
     if outcome.stopped_early:

@@ -19,6 +19,14 @@ from dp_textgrad.cli.progress import JSON_HELP, MLFLOW_HELP, QUIET_HELP, Gracefu
 
 # Measured (docs/benchmarks.md, "The demo"): 3 x 4 candidates on ~50 records, then 500 test records.
 DEMO_RECORDS_PER_GENERATION = 50
+# The built-in tasks ``demo --task`` runs, with the defaults of the options left out. Generating
+# an answer costs more than scoring a label, so the generation demo is smaller (measured in
+# docs/tasks.md, "Built-in generation task").
+DEMO_DEFAULTS: dict[str, dict[str, int]] = {
+    "support": dict(generations=3, population=4, n_private=1500, n_test=500, records=DEMO_RECORDS_PER_GENERATION),
+    "support_extract": dict(generations=2, population=4, n_private=600, n_test=200, records=40),
+}
+DEMO_TITLES = {"support": "support (built-in)", "support_extract": "support_extract (built-in, generation)"}
 
 
 def _start_run_dir(runs_root: Path, settings) -> Path:
@@ -47,12 +55,21 @@ def _finish(outcome) -> None:
 def demo(
     epsilon: float = typer.Option(4.0, help="total privacy budget epsilon"),
     delta: float | None = typer.Option(None, help="total delta (default 1e-5; min(1e-5, 1/(10N)) for a declared N)"),
-    generations: int = typer.Option(3, help="DP generations"),
-    population: int = typer.Option(4, help="candidates per generation"),
+    task: str = typer.Option(
+        "support", "--task", help="built-in task: support (classification) or support_extract (generation)"
+    ),
+    generations: int | None = typer.Option(None, help="DP generations (default 3; support_extract 2)"),
+    population: int | None = typer.Option(None, help="candidates per generation (default 4)"),
     parents: int = typer.Option(2, help="parents per generation"),
-    n_private: int = typer.Option(1500, help="size of the built-in private training set"),
-    n_test: int = typer.Option(500, help="size of the built-in test split (the paired test needs a few hundred)"),
-    sampling_rate: float | None = typer.Option(None, help="Poisson sampling rate q (default about 50 records)"),
+    n_private: int | None = typer.Option(
+        None, help="size of the built-in private training set (default 1500; support_extract 600)"
+    ),
+    n_test: int | None = typer.Option(
+        None, help="size of the built-in test split (default 500; support_extract 200; the paired test needs hundreds)"
+    ),
+    sampling_rate: float | None = typer.Option(
+        None, help="Poisson sampling rate q (default about 50 records; support_extract about 40)"
+    ),
     selection: str = typer.Option("gaussian", help="gaussian | exponential | permute_and_flip"),
     seed: int = typer.Option(0, help="seed of the task generator and of non-private choices"),
     runs_root: Path = typer.Option(Path("runs"), help="where run directories are created"),
@@ -60,23 +77,33 @@ def demo(
     json_lines: bool = typer.Option(False, "--json", help=JSON_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
-    """Run DP-ES end to end on the built-in private task with the embedded local model."""
+    """Run DP-ES end to end on a built-in private task with the embedded local model."""
     holder: dict[str, Path] = {}
     output = Output(console, json_lines=json_lines, quiet=quiet)
 
     def action():
+        from dp_textgrad.dp_es.config import ConfigError
         from dp_textgrad.front import optimize as run_optimize
         from dp_textgrad.settings import EngineSection, OptimizeSettings, OutputSection, TaskSection, supports_feedback
-        from dp_textgrad.tasks.synthetic import make_support_task
 
-        task = make_support_task(seed=seed, n_private=n_private, n_test=n_test)
-        q = min(1.0, DEMO_RECORDS_PER_GENERATION / len(task.private_train)) if sampling_rate is None else sampling_rate
+        if task not in DEMO_DEFAULTS:
+            raise ConfigError(f"--task: unknown demo task {task!r}; the demo knows {', '.join(DEMO_DEFAULTS)}")
+        defaults = DEMO_DEFAULTS[task]
+        sizes = dict(
+            seed=seed,
+            n_private=defaults["n_private"] if n_private is None else n_private,
+            n_test=defaults["n_test"] if n_test is None else n_test,
+        )
+        task_section = TaskSection(name=task, options=sizes)
+        the_task = task_section.build()
+        records = defaults["records"]
+        q = min(1.0, records / len(the_task.private_train)) if sampling_rate is None else sampling_rate
         config = config_from(
             dict(
                 epsilon=epsilon,
                 delta=delta,
-                generations=generations,
-                population=population,
+                generations=defaults["generations"] if generations is None else generations,
+                population=defaults["population"] if population is None else population,
                 parents=parents,
                 sampling_rate=q,
                 seed=seed,
@@ -86,7 +113,7 @@ def demo(
         )
         console.print("Loading the local model (Gemma 3 270M via llama.cpp; first use assembles the GGUF)...")
         settings = OptimizeSettings(
-            task=TaskSection(name="support", options=dict(seed=seed, n_private=n_private, n_test=n_test)),
+            task=task_section,
             engine=EngineSection(kind="llama_cpp"),
             dp=config,
             output=OutputSection(runs_root=runs_root, mlflow=mlflow),
@@ -95,14 +122,14 @@ def demo(
         holder["dir"] = _start_run_dir(runs_root, settings)
         with GracefulStop() as stop:
             return run_optimize(
-                task,
+                the_task,
                 engine,
                 config,
                 run_dir=holder["dir"],
                 runs_root=runs_root,
                 observers=_observers(output, settings, stop),
                 lifetime=settings.output.lifetime(),
-                task_name="support (built-in)",
+                task_name=DEMO_TITLES[task],
                 engine_name=engine.model_string,
             )
 
@@ -248,8 +275,12 @@ def optimize(
             }
             settings = run_file.settings_from(config, flags)
             directory = None
-        the_task = settings.task.build()
-        the_engine = settings.engine.build()
+        if settings.task.needs_engine():  # a judge grades with the run's engine: it is loaded first
+            the_engine = settings.engine.build()
+            the_task = settings.task.build(the_engine)
+        else:  # the files are checked before a model is loaded
+            the_task = settings.task.build()
+            the_engine = settings.engine.build()
         if directory is None:
             directory = holder["dir"] = _start_run_dir(settings.output.runs_root, settings)
         pool = settings.distributed.build(settings.engine) if settings.distributed.enabled else None

@@ -172,6 +172,13 @@ class RayScoringPool:
         self._started_ray = False
 
     def __call__(self, task: Any, engine: Any, sampling_rng: np.random.Generator, secure: bool) -> RayScoring:
+        if getattr(getattr(task, "metric", None), "engine", None) is not None:
+            # A judge holds the driver's engine: shipped to the actors it would be copied (or not
+            # picklable at all); each actor would need a judge of its own.
+            raise ValueError(
+                "task.metric: a metric that asks an engine (an LLM judge) cannot score on Ray actors; "
+                "score in this process (no scoring pool) or choose a metric that needs no model"
+            )
         ray = _import_ray()
         if not ray.is_initialized():
             with warnings.catch_warnings():

@@ -85,7 +85,11 @@ class DPESConfig(BaseModel):
         "last", description="'last': free; 'exponential' or 'permute_and_flip': charged, on a fresh subsample"
     )
     final_epsilon: float = Field(0.5, gt=0, description="epsilon0 of the charged final selection")
-    feedback: FeedbackKind = Field("dp_confusion", description="DP aggregate feedback for critiques")
+    feedback: FeedbackKind = Field(
+        "dp_confusion",
+        description="DP aggregate feedback for critiques: the confusion matrix (classification) or the "
+        "failure histogram (generation), released on the scoring subsample",
+    )
     feedback_noise_ratio: float = Field(3.0, gt=0, description="feedback noise multiplier / score noise multiplier")
     mode: FeedbackMode = Field("public", description="'unsafe' lets raw private examples reach the mutator")
     unsafe_examples: int = Field(

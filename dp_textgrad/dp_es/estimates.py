@@ -19,8 +19,9 @@ class ReleasedScores:
     """What one scoring round releases: DP in a private run, exact in a ``privacy='off'`` baseline.
 
     ``estimates`` = noisy_sums / (q*N): mean clipped score per record, public
-    denominator. ``confusion`` (if requested) has shape (m, L, L): for each feedback
-    candidate, noisy counts of [gold label, predicted label] on the same subsample.
+    denominator. ``confusion`` (if requested) has shape (m, *task.feedback.shape): for each
+    feedback candidate, the task's noisy feedback counts on the same subsample ([gold label,
+    predicted label] for a classification task; failure categories for a generation task).
     """
 
     candidate_ids: list[str]

@@ -28,6 +28,7 @@ from dp_textgrad.dp_es.mutation import (
     FeedbackSanitiser,
     MutationEngine,
     render_confusion,
+    render_failures,
 )
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
@@ -165,15 +166,28 @@ class GenerationStep:
         self.population.initialise(seed, variants)
 
     def feedback_sentences(self, released: ReleasedScores | None) -> dict[str, list[PublicText]]:
-        """DP confusion matrices rendered as sentences, per candidate id (free post-processing)."""
+        """The DP feedback rendered as sentences, per candidate id (free post-processing): the
+        confusion matrix of a classification task, the failure histogram of a generation task."""
         if released is None or released.confusion is None or not released.confusion_candidate_ids:
             return {}
-        matrices = np.asarray(released.confusion)
+        blocks = np.asarray(released.confusion)
+        spec = self.task.feedback
+        if spec.kind == "failures":
+            return {
+                candidate_id: render_failures(
+                    block,
+                    spec.names,
+                    spec.descriptions,
+                    released.expected_batch_size,
+                    noise_std=released.confusion_noise_std,
+                )
+                for candidate_id, block in zip(released.confusion_candidate_ids, blocks)
+            }
         return {
             candidate_id: render_confusion(
-                matrix, self.task.labels, released.expected_batch_size, noise_std=released.confusion_noise_std
+                block, self.task.labels, released.expected_batch_size, noise_std=released.confusion_noise_std
             )
-            for candidate_id, matrix in zip(released.confusion_candidate_ids, matrices)
+            for candidate_id, block in zip(released.confusion_candidate_ids, blocks)
         }
 
 

@@ -38,7 +38,7 @@ from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.dp_es.scoring_backends import ScoringFactory
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.tasks.base import ClassificationTask
+from dp_textgrad.tasks.base import Task
 
 _tg = import_textgrad()
 Optimizer: Any = _tg.optimizer.Optimizer  # TextGrad's base class (textgrad ships no type information)
@@ -57,7 +57,7 @@ class EvolutionController(Optimizer):
         self,
         parameters: Sequence[Any],
         *,
-        task: ClassificationTask,
+        task: Task,
         engine: Any,
         plan: RunPlan,
         ledger: PrivacyLedger,
@@ -362,7 +362,7 @@ class DPEvolutionStrategy(EvolutionController):
         self,
         parameters: Sequence[Any],
         *,
-        task: ClassificationTask,
+        task: Task,
         engine: Any,
         config: DPESConfig | None = None,
         checkpoint_dir: str | Path | None = None,
@@ -374,8 +374,10 @@ class DPEvolutionStrategy(EvolutionController):
         **settings: Any,
     ) -> None:
         base = config_with(config, settings)
-        if not isinstance(task, ClassificationTask):
-            raise ConfigError("task: expected a dp_textgrad ClassificationTask (see dp_textgrad.tasks)")
+        if not isinstance(task, Task):
+            raise ConfigError(
+                "task: expected a dp_textgrad task (ClassificationTask or GenerationTask, see dp_textgrad.tasks)"
+            )
         ledger, resolved, noise, counted = size_count.stage_one(
             base, task, engine, parameters, ledger, plan, checkpoint_dir
         )
@@ -423,7 +425,7 @@ class DPEvolutionStrategy(EvolutionController):
         checkpoint_dir: str | Path,
         parameters: Sequence[Any],
         *,
-        task: ClassificationTask,
+        task: Task,
         engine: Any,
         callbacks: Sequence[StopCallback] = (),
         **kwargs: Any,

@@ -1,5 +1,6 @@
 """Checks on public inputs before the first charge: the engine's server is there (engines
-with ``check_reachable``, one request without retries), the engine answers, a record fits.
+with ``check_reachable``, one request without retries), the engine answers, a record fits
+(for a generation task: with its public ``max_new_tokens`` after it).
 
 The probe is made only of public text (a run of the word "word" cut to the record-length
 cap), so any error it raises may be shown as it is.
@@ -47,15 +48,23 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
     probe = truncate(" ".join(["word"] * (2 * cap)), cap)
     prefix = task.render_prefix(prompt)
     context = getattr(engine, "context_tokens", None)
+    generating = getattr(task, "kind", "classify") == "generate"
     if context is not None:
-        longest_label = max(count_tokens(v) for v in task.verbalizers.values())
-        needed = count_tokens(prefix) + count_tokens(task.render_record(probe)) + longest_label + 1
+        if generating:  # the output's public cap must fit after the longest record
+            tail, tail_name = int(task.max_new_tokens), f"task max_new_tokens = {task.max_new_tokens}"
+        else:
+            tail, tail_name = max(count_tokens(v) for v in task.verbalizers.values()) + 1, "the longest label"
+        needed = count_tokens(prefix) + count_tokens(task.render_record(probe)) + tail
         if needed > context:
             raise PreflightError(
-                f"preflight: a record of dp.max_record_tokens = {cap} tokens after the seed prompt needs about "
-                f"{needed} tokens but the engine's context holds {context}; lower dp.max_record_tokens or "
-                "raise the engine's context (n_ctx)"
+                f"preflight: a record of dp.max_record_tokens = {cap} tokens after the seed prompt, with "
+                f"{tail_name}, needs about {needed} tokens but the engine's context holds {context}; lower "
+                "dp.max_record_tokens" + (" or max_new_tokens" if generating else "") + " or raise the engine's "
+                "context (n_ctx)"
             )
+    if generating:
+        _probe_generation(engine, task, prefix, probe)
+        return
     choices = [task.verbalizers[label] for label in task.labels]
     # An engine with ``probe_scores`` (the OpenAI one) probes with one short attempt per
     # request, so a scoring route its server cannot serve fails in seconds, naming the fix.
@@ -72,6 +81,23 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
         raise PreflightError(
             "preflight: the engine returned malformed scores for a public probe "
             f"(shape {scores.shape}); check the engine"
+        )
+
+
+def _probe_generation(engine: Any, task: Any, prefix: str, probe: str) -> None:
+    """One short public generation, so an engine that cannot generate fails before any charge."""
+    try:
+        outputs = engine.generate_after_prefix(
+            prefix, [task.render_record(probe)], max_tokens=min(4, int(task.max_new_tokens)), stop=task.stop
+        )
+    except Exception as exc:  # public probe: its error text holds no private data
+        raise PreflightError(
+            f"preflight: the engine failed to generate after a public probe before anything was charged "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())})"
+        ) from None
+    if not isinstance(outputs, list) or len(outputs) != 1 or not isinstance(outputs[0], str):
+        raise PreflightError(
+            "preflight: the engine returned a malformed generation for a public probe; check the engine"
         )
 
 

@@ -8,8 +8,10 @@ silos) draw a Poisson subsample B (rate q, secret) and compute for each candidat
 utility sum u_k = sum over B of clip(s_{i,k}, 0, C) (sensitivity C per candidate, see
 :mod:`dp_textgrad.privacy.mechanisms`); the noise is added here.
 
-- :meth:`DPScorer.score` runs a ``GaussianScoreMechanism``: all K noisy sums, plus
-  noisy confusion matrices on the same subsample when the mechanism releases feedback.
+- :meth:`DPScorer.score` runs a ``GaussianScoreMechanism``: all K noisy sums, plus the
+  task's noisy feedback counts on the same subsample when the mechanism releases feedback
+  (confusion matrices of a classification task, failure histograms of a generation task;
+  one unit per record in each, so L2 sensitivity sqrt(m) for m of them).
 - :meth:`DPScorer.select` runs a selection mechanism: indices only, on a fresh subsample.
 - :meth:`DPScorer.score_exact`: NOT private, for the ``privacy='off'`` baseline only.
 
@@ -49,7 +51,7 @@ from dp_textgrad.privacy.validation import check_sampling_rate, positive_finite
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
-    from dp_textgrad.tasks.base import ClassificationTask
+    from dp_textgrad.tasks.base import Task
 
 
 class CandidateLike(Protocol):
@@ -93,7 +95,7 @@ class DPScorer:
 
     def __init__(
         self,
-        task: ClassificationTask,
+        task: Task,
         engine: Engine,
         ledger: LedgerLike,
         *,
@@ -140,7 +142,8 @@ class DPScorer:
         label: str,
         feedback_candidates: FeedbackChoice = (),
     ) -> ReleasedScores:
-        """Noisy utility sums of every candidate (+ noisy confusion matrices of feedback candidates).
+        """Noisy utility sums of every candidate (+ noisy feedback counts of feedback candidates:
+        confusion matrices, or a generation task's failure histograms; "confusion" below means either).
 
         ``mechanism`` is the object the plan holds for this generation: its event is
         charged, then it runs. Its confusion matrices (when it has a feedback noise
@@ -384,12 +387,14 @@ class DPScorer:
     def replays_exactly(self) -> bool:
         """Whether a charge's scores can be recomputed on a resume as the interrupted attempt
         would have: the backend draws the subsample from the charge's seed, and the engine's
-        scores are a deterministic function of prompt and record. Otherwise a charge whose
+        scores are a deterministic function of prompt and record (greedy generation only). Otherwise a charge whose
         release was not journaled is charged again."""
         return (
             bool(getattr(self.backend, "subsample_from_seed", False))
             and not adds_noise(self.backend)
             and bool(getattr(self.engine, "deterministic_scores", False))
+            # a generation task that samples (temperature > 0) gives other outputs on a replay
+            and float(getattr(self.task, "temperature", 0.0)) == 0.0
         )
 
     def _released(

@@ -30,18 +30,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from dp_textgrad.privacy.data import PrivateBatch
-from dp_textgrad.privacy.mechanisms import clipped_utility_sums, confusion_counts
+from dp_textgrad.privacy.mechanisms import clipped_utility_sums
 
 if TYPE_CHECKING:
-    from dp_textgrad.tasks.base import ClassificationTask
+    from dp_textgrad.tasks.base import Task
 
 
 @dataclass(frozen=True)
 class SubsampleTotals:
     """Per-candidate totals over one Poisson subsample (private until noised).
 
-    ``sums``: shape (K,), sum of clip(score, 0, C). ``confusion``: shape (K, L, L) counts,
-    or None when not asked for.
+    ``sums``: shape (K,), sum of clip(score, 0, C). ``confusion``: the task's feedback counts
+    per candidate, shape (K, *task.feedback.shape) (the confusion matrix of a classification
+    task, the failure histogram of a generation task), or None when not asked for.
     """
 
     sums: np.ndarray
@@ -108,11 +109,11 @@ def adds_noise(backend: Any) -> bool:
 
 # What builds a backend for a run: the (length-bounded) task, the driver's engine, and the
 # driver's secret sampling generator (``secure`` False: an insecure test seed is in use).
-ScoringFactory = Callable[["ClassificationTask", Any, np.random.Generator, bool], ScoringBackend]
+ScoringFactory = Callable[["Task", Any, np.random.Generator, bool], ScoringBackend]
 
 
 def batch_totals(
-    task: ClassificationTask,
+    task: Task,
     engine: Any,
     prompts: Sequence[str],
     batch: PrivateBatch[Any],
@@ -120,7 +121,15 @@ def batch_totals(
     with_confusion: bool,
 ) -> SubsampleTotals:
     """Totals of every prompt over ``batch``: the one scoring routine every backend runs."""
-    outcomes = [task.private_outcomes(engine, str(prompt), batch) for prompt in prompts]
+    # A generation task scores record by record under all the prompts (one engine call per
+    # record, which an engine may batch over the prompts); classification keeps one call per prompt.
+    many = getattr(task, "private_outcomes_many", None)
+    if callable(many):
+        outcomes = list(many(engine, [str(prompt) for prompt in prompts], batch))
+        if len(outcomes) != len(prompts):
+            raise RuntimeError("task.private_outcomes_many: returned the wrong number of outcomes")
+    else:
+        outcomes = [task.private_outcomes(engine, str(prompt), batch) for prompt in prompts]
     per_record = np.zeros((len(prompts), len(batch)))
     for k, outcome in enumerate(outcomes):
         scores = np.asarray(outcome.scores, dtype=float).reshape(-1)
@@ -128,9 +137,12 @@ def batch_totals(
             raise RuntimeError("task.private_outcomes: returned the wrong number of scores for the batch")
         per_record[k] = scores
     confusion = None
-    if with_confusion:
-        num_labels = len(task.labels)
-        confusion = np.stack([confusion_counts(o.gold, o.predicted, num_labels) for o in outcomes]).astype(float)
+    if with_confusion:  # the task's feedback counts: each record adds one unit per candidate
+        confusion = np.stack([np.asarray(task.feedback_counts(o), dtype=float) for o in outcomes])
+        if confusion.shape[1:] != task.feedback.shape or not np.allclose(
+            confusion.reshape(len(prompts), -1).sum(1), len(batch)
+        ):
+            raise RuntimeError("task.feedback_counts: each record must add exactly one unit to the feedback counts")
     return SubsampleTotals(clipped_utility_sums(per_record, clip_bound), confusion)
 
 
@@ -144,9 +156,7 @@ class LocalScoring:
 
     subsample_from_seed = True
 
-    def __init__(
-        self, task: ClassificationTask, engine: Any, sampling_rng: np.random.Generator, secure: bool = True
-    ) -> None:
+    def __init__(self, task: Task, engine: Any, sampling_rng: np.random.Generator, secure: bool = True) -> None:
         self.task, self.engine, self.sampling_rng = task, engine, sampling_rng
 
     def totals(

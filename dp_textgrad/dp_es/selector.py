@@ -145,6 +145,12 @@ def _release_then_choose(
     return Choice(chosen, released)
 
 
+def _feedback_name(scorer: Any) -> str:
+    """What the task's feedback counts are called in a ledger label (public: the task's kind)."""
+    spec = getattr(getattr(scorer, "task", None), "feedback", None)
+    return "failure histogram" if getattr(spec, "kind", "confusion") == "failures" else "confusion matrix"
+
+
 def feedback_is_used(config: Any, generation: int) -> bool:
     """Whether generation ``t`` releases a DP confusion matrix: asked for, followed by another
     generation, and read by an LLM operator (critiques, rewrites). A run decides ``llm_operators``
@@ -185,7 +191,7 @@ class NoisyScoreTopK(DPSelector):
         if scores is None:
             raise ValueError("gaussian selection: the generation's mechanisms have no score mechanism")
         label = f"generation {generation}: noisy scores of {len(candidates)} candidates" + (
-            " + DP confusion matrix of the top parent" if scores.releases_feedback else ""
+            f" + DP {_feedback_name(scorer)} of the top parent" if scores.releases_feedback else ""
         )
         return _release_then_choose(
             lambda chooser: scorer.score(candidates, scores, label, feedback_candidates=chooser),

@@ -21,14 +21,14 @@ from dp_textgrad.dp_es.preflight import length_tools, preflight
 from dp_textgrad.privacy.accounting.ledger import PrivacyLedger
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism
 from dp_textgrad.privacy.noise import NoiseSource
-from dp_textgrad.tasks.base import ClassificationTask
+from dp_textgrad.tasks.base import Task
 
 SIZE_COUNT_LABEL = "dataset size: DP count"
 
 
 def stage_one(
     config: DPESConfig,
-    task: ClassificationTask,
+    task: Task,
     engine: Any,
     parameters: Sequence[Any],
     ledger: PrivacyLedger | None,
@@ -67,7 +67,7 @@ def stage_one(
 
 def count_dataset_size(
     config: DPESConfig,
-    task: ClassificationTask,
+    task: Task,
     engine: Any,
     ledger: PrivacyLedger,
     noise: NoiseSource,
@@ -93,7 +93,7 @@ def count_dataset_size(
     return config.model_copy(update={"counted_dataset_size": noisy})
 
 
-def resolved_for_run(config: DPESConfig, task: ClassificationTask) -> DPESConfig:
+def resolved_for_run(config: DPESConfig, task: Task) -> DPESConfig:
     """``config`` with q and delta filled in from the declared or counted N.
 
     Only the non-private baseline (``privacy = "off"``, which claims no guarantee) takes

@@ -155,6 +155,10 @@ class Engine(EngineLM):
     system_prompt: str = "You are a helpful, concise assistant."
     # Whether the model follows instructions (LLM rewrites and critiques are worth asking for).
     instruction_following: bool = True
+    # Whether generate_for_prefixes does the prompts' work together (one record under several
+    # prompts): callers holding several prompts then call it record by record; otherwise they
+    # call generate_after_prefix prompt by prompt, which a concurrent engine spreads over records.
+    batches_prefixes: bool = False
 
     def __init__(self) -> None:
         self.usage = Usage()
@@ -190,6 +194,52 @@ class Engine(EngineLM):
         (llama.cpp decodes greedy generations together, the OpenAI-compatible engine overlaps
         requests)."""
         return [self.generate(prompt, system_prompt, **kwargs) for prompt in prompts]
+
+    def generate_after_prefix(
+        self,
+        prefix: str,
+        suffixes: Sequence[str],
+        *,
+        max_tokens: int,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> list[str]:
+        """The continuation of ``prefix + suffix`` for each suffix, in input order.
+
+        The private path of generation tasks calls this: each output must depend on
+        ``prefix`` and its own suffix only, never on the other suffixes of the call (so one
+        private record cannot change another's output). This default generates one after
+        another; an engine may reuse the prefix's work where that keeps the guarantee.
+        """
+        return [
+            self.generate(prefix + suffix, temperature=temperature, max_tokens=max_tokens, stop=stop)
+            for suffix in suffixes
+        ]
+
+    def generate_for_prefixes(
+        self,
+        prefixes: Sequence[str],
+        suffix: str,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> list[str]:
+        """The continuation of ``prefix + suffix`` for each prefix, in input order: one record
+        (``suffix``) under several candidate prompts.
+
+        The private path of generation tasks may call this once per record: every output must
+        depend on the prefixes and this one suffix only (never on another record, nor on what
+        the engine generated before), so adding or removing one record changes only that
+        record's outputs, one per prefix. An engine may generate the prefixes' continuations
+        together where that keeps the guarantee; each should equal
+        ``generate_after_prefix(prefix, [suffix])[0]`` up to the engine's float rounding. This
+        default does exactly that, one prefix after another.
+        """
+        return [
+            self.generate_after_prefix(prefix, [suffix], max_tokens=max_tokens, stop=stop, temperature=temperature)[0]
+            for prefix in prefixes
+        ]
 
     def __call__(self, prompt: str, **kwargs: Any) -> str:
         return self.generate(prompt, **kwargs)

@@ -23,7 +23,11 @@ Scoring has a llama.cpp context of its own (with the generation context's settin
 room for 16 sequences sharing its cells): generation does not disturb its cache.
 ``generate_many`` (greedy) borrows it to decode up to 16 generations together, one
 sequence each, and empties it before and after (the next score decodes its prefix again,
-with the same numbers).
+with the same numbers). ``generate_after_prefix`` (the private path of generation tasks)
+generates in the scoring context too, one record at a time after the cached prefix, so a
+record's text never depends on another record's. ``generate_for_prefixes`` (one record under
+several candidate prompts) keeps each prompt in a sequence of its own there and decodes the
+record's continuations under all of them together: a decode holds public prompts and one record.
 
 A prefix is always decoded from position 0 in the same chunks, a suffix always in one
 decode after it and the choices' continuations in the same groups, so results do not
@@ -58,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from dp_textgrad.engines.base import Engine, EngineError, TokenLogprobs
-from dp_textgrad.engines.llama_kv import SAVED_PREFIX_BYTES, LlamaPlumbing, SavedPrefixes
+from dp_textgrad.engines.llama_kv import SAVED_PREFIX_BYTES, SCORING_SEQUENCES, LlamaPlumbing, SavedPrefixes
 from dp_textgrad.engines.llama_support import (
     GenerationCache,
     GreedyCompletion,
@@ -74,6 +78,9 @@ from dp_textgrad.engines.llama_support import (
 from dp_textgrad.engines.model_files import default_model_path, import_local_module
 
 _TOP_ALTERNATIVES = 5
+# generate_for_prefixes groups prefixes so that each keeps room for a record of this many
+# tokens (a public allowance: a longer record is generated one prefix at a time).
+_GROUP_RECORD_TOKENS = 64
 
 
 def _free_context(lib: Any, ctx: Any, llm: Any) -> None:
@@ -106,6 +113,8 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
     # (tests/engines/test_engine_llama.py). So a resumed run may replay an interrupted charge
     # on the same subsample instead of charging it again (dp_textgrad.dp_es.replay).
     deterministic_scores = True
+    # generate_for_prefixes decodes the prompts' sequences together (see its docstring).
+    batches_prefixes = True
 
     def __init__(
         self,
@@ -366,6 +375,194 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
             if self.cache is not None:
                 self.cache.put(keys[i], outputs[i] or "")
         return [output or "" for output in outputs]
+
+    def generate_after_prefix(
+        self,
+        prefix: str,
+        suffixes: Sequence[str],
+        *,
+        max_tokens: int,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> list[str]:
+        """Greedy continuations of ``prefix + suffix`` for each suffix, in input order: the
+        private path of generation tasks.
+
+        The prefix is decoded once per call (or reused from the scoring cache, where it is
+        kept), then each record is decoded with its greedy continuation on a copy of the
+        prefix's keys and values, one record after another: no record shares a decode with
+        another, so an output depends on the prefix and its own suffix only, never on the other
+        suffixes of the call or their order (``generate_many`` does not promise that). Stop
+        strings, end of generation, ``max_tokens`` and the returned text follow ``generate``; a
+        record that does not leave room for one token raises :class:`EngineError` (naming the
+        context size only). The prefix is tokenized with BOS and each suffix without, so the
+        text equals ``generate(prefix + suffix)`` where the concatenation tokenizes the same way,
+        up to float rounding (see the module docstring). ``temperature > 0`` generates one by
+        one through ``generate``. Cached when a cache is set.
+        """
+        if temperature != 0:
+            return super().generate_after_prefix(
+                prefix, suffixes, max_tokens=max_tokens, stop=stop, temperature=temperature
+            )
+        suffixes = list(suffixes)
+        if not isinstance(prefix, str) or not all(isinstance(s, str) for s in suffixes):
+            raise TypeError("prefix and suffixes: must be texts")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer >= 1, got {max_tokens!r}")
+        stops = list(stop) if stop else None
+        outputs: list[str | None] = [None] * len(suffixes)
+        keys = [""] * len(suffixes)
+        if self.cache is not None:
+            for i, suffix in enumerate(suffixes):
+                keys[i] = GenerationCache.key(
+                    model=self._model_id,
+                    after_prefix=prefix,
+                    suffix=suffix,
+                    max_tokens=max_tokens,
+                    stop=stops,
+                )
+                outputs[i] = self.cache.get(keys[i])
+        todo = [i for i, output in enumerate(outputs) if output is None]
+        self._count(calls=len(suffixes) - len(todo))
+        if not todo:
+            return [output or "" for output in outputs]
+        with self._lock, self._timed() as timer:
+            prefix_ids = tuple(self._tokenize(prefix, True))
+            prompt_tokens = generated = 0
+            for i in todo:
+                suffix_ids = tuple(self._tokenize(suffixes[i], False))
+                room = self._n_ctx - len(prefix_ids) - len(suffix_ids)
+                if room < 1:  # no length in the message: a record is private
+                    raise EngineError(
+                        f"the prefix and a record leave no room to generate in the context ({self._n_ctx} tokens); "
+                        "raise n_ctx or shorten the prompt or the records"
+                    )
+                completion = GreedyCompletion(
+                    min(max_tokens, room),
+                    stops,
+                    partial(self._detokenize_after, [*prefix_ids, *suffix_ids]),
+                    self._is_end_of_generation,
+                )
+                self._greedy_after_prefix(prefix_ids, suffix_ids, completion)
+                outputs[i] = completion.text or ""
+                prompt_tokens += len(prefix_ids) + len(suffix_ids)  # as generate counts them (KV reuse aside)
+                generated += len(completion.tokens)
+        self._count(calls=len(todo), prompt_tokens=prompt_tokens, completion_tokens=generated, seconds=timer["seconds"])
+        if self.cache is not None:
+            for i in todo:
+                self.cache.put(keys[i], outputs[i] or "")
+        return [output or "" for output in outputs]
+
+    def generate_for_prefixes(
+        self,
+        prefixes: Sequence[str],
+        suffix: str,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> list[str]:
+        """Greedy continuations of ``prefix + suffix`` for each prefix, in input order: ONE record
+        under several candidate prompts, generated together (the private path of generation
+        tasks when the scorer scores several candidates on the same records).
+
+        Each prefix has a sequence of its own in the scoring context and stays there between calls
+        (decoded once, canonically); the record is decoded after every prefix in shared decodes,
+        then each greedy step decodes the next token of every unfinished sequence in one
+        ``llama_decode``; at the end every sequence is truncated back to its prefix. A decode
+        therefore holds the public prefixes and this record only: an output depends on the
+        prefixes and this suffix, never on another record, the order of the records or earlier
+        calls (so one record still moves each candidate's sum by at most the clip bound).
+        Prefixes that do not fit the context (or the 16 sequences) together are split into groups
+        computed from the prefixes and ``max_tokens`` only; a record too long for its group's free
+        cells is generated one prefix at a time (``generate_after_prefix``'s path, a choice made
+        from this record alone). Stop strings, end of generation, ``max_tokens`` and the returned
+        text follow ``generate_after_prefix``, whose outputs these equal up to float rounding
+        (llama.cpp's floats depend on which rows share a decode; where two next tokens are within
+        rounding, greedy decoding may take the other). A record that leaves no room to generate
+        after some prefix raises :class:`EngineError` naming the context size only;
+        ``temperature > 0`` generates one prefix after another (``Engine.generate_for_prefixes``).
+        Cached when a cache is set (all of the call's outputs, or none, come from the cache).
+        """
+        if temperature != 0:
+            return super().generate_for_prefixes(
+                prefixes, suffix, max_tokens=max_tokens, stop=stop, temperature=temperature
+            )
+        prefixes = list(prefixes)
+        if not isinstance(suffix, str) or not all(isinstance(p, str) for p in prefixes):
+            raise TypeError("prefixes and suffix: must be texts")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an integer >= 1, got {max_tokens!r}")
+        if not prefixes:
+            return []
+        stops = list(stop) if stop else None
+        unique = list(dict.fromkeys(prefixes))  # a repeated prompt is generated once
+        keys: list[str] = []
+        if self.cache is not None:
+            keys = [
+                GenerationCache.key(
+                    model=self._model_id, for_prefixes=unique, index=k, suffix=suffix, max_tokens=max_tokens, stop=stops
+                )
+                for k in range(len(unique))
+            ]
+            hits = [self.cache.get(key) for key in keys]
+            if all(hit is not None for hit in hits):
+                self._count(calls=len(prefixes))
+                found = dict(zip(unique, hits, strict=True))
+                return [found[p] or "" for p in prefixes]
+        with self._lock, self._timed() as timer:
+            prefix_ids = [tuple(self._tokenize(p, True)) for p in unique]
+            suffix_ids = tuple(self._tokenize(suffix, False))
+            rooms = [self._n_ctx - len(ids) - len(suffix_ids) for ids in prefix_ids]
+            if min(rooms) < 1:  # no length in the message: a record is private
+                raise EngineError(
+                    f"a prefix and the record leave no room to generate in the context ({self._n_ctx} tokens); "
+                    "raise n_ctx or shorten the prompts or the records"
+                )
+            completions = [
+                GreedyCompletion(
+                    min(max_tokens, room),
+                    stops,
+                    partial(self._detokenize_after, [*ids, *suffix_ids]),
+                    self._is_end_of_generation,
+                )
+                for ids, room in zip(prefix_ids, rooms, strict=True)
+            ]
+            for group in self._prefix_groups(prefix_ids, max_tokens):
+                ids = tuple(prefix_ids[k] for k in group)
+                cells = sum(len(one) + len(suffix_ids) + completions[k].max_tokens + 3 for one, k in zip(ids, group))
+                if cells <= self._n_ctx:
+                    self._greedy_for_prefixes(ids, suffix_ids, [completions[k] for k in group])
+                else:  # this record is too long for the group's free cells: one prefix at a time
+                    for one, k in zip(ids, group, strict=True):
+                        self._greedy_after_prefix(one, suffix_ids, completions[k])
+        generated = sum(len(c.tokens) for c in completions)
+        prompt_tokens = sum(len(ids) + len(suffix_ids) for ids in prefix_ids)  # as generate counts them
+        self._count(
+            calls=len(prefixes), prompt_tokens=prompt_tokens, completion_tokens=generated, seconds=timer["seconds"]
+        )
+        texts = [c.text or "" for c in completions]
+        if self.cache is not None:
+            for key, text in zip(keys, texts, strict=True):
+                self.cache.put(key, text)
+        by_prefix = dict(zip(unique, texts, strict=True))
+        return [by_prefix[p] for p in prefixes]
+
+    def _prefix_groups(self, prefix_ids: Sequence[tuple[int, ...]], max_tokens: int) -> list[list[int]]:
+        """Prefixes (indices), in order, grouped to share the scoring context: at most 16 each,
+        and each with room for its prefix, a record of up to 64 tokens and ``max_tokens`` (+3).
+        A function of the public prefixes and settings only, never of a record."""
+        groups: list[list[int]] = []
+        used = 0
+        for k, ids in enumerate(prefix_ids):
+            need = len(ids) + _GROUP_RECORD_TOKENS + max_tokens + 3
+            if groups and len(groups[-1]) < SCORING_SEQUENCES and used + need <= self._n_ctx:
+                groups[-1].append(k)
+                used += need
+            else:
+                groups.append([k])
+                used = need
+        return groups
 
     def _detokenize_after(self, prompt_ids: list[int], tokens: list[int]) -> bytes:
         return bytes(self._llm.detokenize(tokens, prev_tokens=prompt_ids))

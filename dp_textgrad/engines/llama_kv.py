@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from dp_textgrad.engines.llama_support import GreedyCompletion, KvStats, pick_lo
 _ALL_LOGITS_CHUNK = 32
 
 # Sequences of the scoring context: 0 holds prefix + record, 1.. one multi-token choice each.
-_SCORING_SEQUENCES = 16
+SCORING_SEQUENCES = 16
 
 # Saved KV states of recent prefixes, in memory only. The in-process federated simulation
 # asks every silo for every candidate, so one shared engine alternates between a few
@@ -39,16 +39,17 @@ class SavedPrefixes:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._states: OrderedDict[tuple[int, ...], tuple[ctypes.Array, np.ndarray]] = OrderedDict()
+        # Keys: a prefix's token ids, or ("group", the group's prefixes, sequence) for generate_for_prefixes.
+        self._states: OrderedDict[Hashable, tuple[ctypes.Array, np.ndarray]] = OrderedDict()
         self._bytes = 0
 
-    def get(self, prefix_ids: tuple[int, ...]) -> tuple[ctypes.Array, np.ndarray] | None:
+    def get(self, prefix_ids: Hashable) -> tuple[ctypes.Array, np.ndarray] | None:
         saved = self._states.get(prefix_ids)
         if saved is not None:
             self._states.move_to_end(prefix_ids)
         return saved
 
-    def put(self, prefix_ids: tuple[int, ...], state: ctypes.Array, row: np.ndarray) -> None:
+    def put(self, prefix_ids: Hashable, state: ctypes.Array, row: np.ndarray) -> None:
         size = len(state) + row.nbytes
         if size > self.max_bytes or prefix_ids in self._states:
             return
@@ -102,6 +103,9 @@ class LlamaPlumbing:
         self._prefix: tuple[int, ...] | None = None
         self._prefix_row: np.ndarray | None = None
         self._suffix: tuple[int, ...] | None = None
+        # generate_for_prefixes: the prefixes held in sequences 0.. (None: sequence 0 is as above).
+        self._group: tuple[tuple[int, ...], ...] | None = None
+        self._group_rows: list[np.ndarray] = []
 
     def _truncate(self, length: int) -> bool:
         """Keep only the first ``length`` cached tokens; False if the cache cannot drop a tail."""
@@ -213,7 +217,7 @@ class LlamaPlumbing:
         for j, ids in enumerate(choice_ids):
             if len(ids) < 2:
                 continue
-            if groups and len(groups[-1]) < _SCORING_SEQUENCES - 1 and rows + len(ids) - 1 <= limit:
+            if groups and len(groups[-1]) < SCORING_SEQUENCES - 1 and rows + len(ids) - 1 <= limit:
                 groups[-1].append(j)
                 rows += len(ids) - 1
             else:
@@ -249,7 +253,7 @@ class LlamaPlumbing:
         return added
 
     # Batched greedy generation runs in the scoring context, whose sequences share its n_ctx
-    # cells: each prompt gets a sequence of its own (at most _SCORING_SEQUENCES at once, and
+    # cells: each prompt gets a sequence of its own (at most SCORING_SEQUENCES at once, and
     # only while the cells it may need are free), its prompt is prefilled in the same decodes
     # as the other sequences' next tokens, and each step decodes one token per running
     # sequence in one llama_decode. A finished sequence frees its cells and the next prompt
@@ -264,7 +268,7 @@ class LlamaPlumbing:
         # inside a UTF-8 character takes up to 3 tokens past its budget, as upstream).
         needs = [min(self._n_ctx, len(ids) + c.max_tokens + 3) for ids, c in zip(prompts, completions, strict=True)]
         waiting = list(range(len(prompts)))[::-1]  # popped from the end: input order
-        free_seqs = list(range(_SCORING_SEQUENCES))[::-1]
+        free_seqs = list(range(SCORING_SEQUENCES))[::-1]
         running: dict[int, list[int]] = {}  # seq -> [prompt index, next position, cells reserved]
         pending: dict[int, list[int]] = {}  # seq -> tokens still to decode (prompt, or the last token)
         reserved = decoded = 0
@@ -312,6 +316,138 @@ class LlamaPlumbing:
             self.kv_stats.tokens_decoded += decoded
         return decoded
 
+    # Private generation (generate_after_prefix): one record at a time, never in a decode with
+    # another record. The prefix is entered canonically (decoded from position 0 in the same
+    # chunks, or reused / restored with the same values), the record's tokens go in one decode
+    # after it and each generated token in a decode of its own; the next record truncates the
+    # cache back to the prefix. So a record's text depends on the prefix and its own tokens
+    # only, whatever the call's other records and their order, and whatever ran before.
+    def _greedy_after_prefix(
+        self, prefix_ids: tuple[int, ...], suffix_ids: tuple[int, ...], completion: GreedyCompletion
+    ) -> None:
+        """Run ``completion`` to its end, greedy, after prefix + suffix (which the caller checked
+        fit in the context). Out of cells, it ends as at its budget."""
+        row = self._position_at(prefix_ids, suffix_ids)
+        while True:
+            token = int(np.argmax(row))  # the first highest logit, as llama.cpp's greedy sampler
+            if completion.push(token):
+                return
+            if len(self._kv_tokens) >= self._n_ctx:
+                completion.text = self._llm.detokenize(
+                    completion.tokens, prev_tokens=[*prefix_ids, *suffix_ids]
+                ).decode("utf-8", errors="ignore")
+                return
+            row = self._decode([token])
+
+    # Private generation under several prompts (generate_for_prefixes): ONE record after each of
+    # a group of public prefixes, the group's sequences decoded together. Prefix k sits in
+    # sequence k, decoded from position 0 in the same chunks, one prefix after another in an
+    # empty cache (or restored from the states saved right after that decode, into the same
+    # cells), and stays there between calls; the record's tokens go after every prefix in the
+    # same decodes, then each step decodes the next token of every unfinished sequence in one
+    # llama_decode; at the end every sequence is truncated back to its prefix. So what a
+    # decode holds is a function of the public prefixes and this record only: the outputs never
+    # depend on another record, nor on the order of the records or on earlier calls.
+    def _enter_prefixes(self, group: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
+        """KV := prefix k in sequence k for each prefix of ``group`` (public token ids, with BOS);
+        return the logits at each prefix's last position."""
+        if self._group == group:
+            self.kv_stats.tokens_reused += sum(len(ids) for ids in group)
+            return self._group_rows
+        self._forget_kv()
+        self._check_room(sum(len(ids) for ids in group))
+        saved = [self._saved_prefixes.get(("group", group, k)) for k in range(len(group))]
+        if all(one is not None for one in saved) and self._restore_group(group, saved):
+            self.kv_stats.tokens_reused += sum(len(ids) for ids in group)
+            return self._group_rows
+        rows = []
+        for seq, ids in enumerate(group):
+            for offset in range(0, len(ids), self._n_batch):
+                chunk = ids[offset : offset + self._n_batch]
+                is_last_chunk = offset + len(chunk) == len(ids)
+                self._submit(
+                    [(token, offset + i, seq) for i, token in enumerate(chunk)], every_row=False, last_row=is_last_chunk
+                )
+                if is_last_chunk:
+                    rows.append(self._logits_row(len(chunk) - 1).copy())
+            self.kv_stats.tokens_decoded += len(ids)
+        self._group, self._group_rows = group, rows
+        if len(group) > 1 or len(group[0]) >= _MIN_SAVED_PREFIX_TOKENS:
+            self._save_group(group, rows)
+        return rows
+
+    # Saved right after the group was decoded in an empty cache, restored in order into an
+    # empty cache: the same values in the same cells (the invariance tests check it), so a
+    # task whose prompts need several groups does not decode every group again per record.
+    def _save_group(self, group: tuple[tuple[int, ...], ...], rows: list[np.ndarray]) -> None:
+        for seq in range(len(group)):
+            size = self._lib.llama_state_seq_get_size(self._ctx, seq)
+            if not 0 < size <= self._saved_prefixes.max_bytes:
+                return
+            state = (ctypes.c_uint8 * size)()
+            if self._lib.llama_state_seq_get_data(self._ctx, state, size, seq) != size:
+                return
+            self._saved_prefixes.put(("group", group, seq), state, rows[seq])
+
+    def _restore_group(self, group: tuple[tuple[int, ...], ...], saved: list[Any]) -> bool:
+        for seq, (state, _) in enumerate(saved):
+            if not self._lib.llama_state_seq_set_data(self._ctx, state, len(state), seq):
+                self._forget_kv()
+                return False
+        self._group, self._group_rows = group, [row for _, row in saved]
+        return True
+
+    def _greedy_for_prefixes(
+        self, group: tuple[tuple[int, ...], ...], suffix_ids: tuple[int, ...], completions: Sequence[GreedyCompletion]
+    ) -> int:
+        """Run one completion per prefix of ``group`` to its end, greedy, after prefix + suffix;
+        return the number of tokens decoded. The caller checked that the group's prefixes, the
+        suffix after each and every completion's budget (+3) fit in the context together."""
+        rows = list(self._enter_prefixes(group))
+        memory = self._lib.llama_get_memory(self._ctx)
+        positions = [len(ids) for ids in group]
+        decoded = 0
+        try:
+            if suffix_ids:
+                # The record after every prefix, in as few decodes as the batch allows.
+                items = [
+                    (token, positions[seq] + j, seq) for seq in range(len(group)) for j, token in enumerate(suffix_ids)
+                ]
+                last = {seq * len(suffix_ids) + len(suffix_ids) - 1: seq for seq in range(len(group))}
+                for offset in range(0, len(items), self._n_batch):
+                    chunk = items[offset : offset + self._n_batch]
+                    wanted = [i for i in range(len(chunk)) if offset + i in last]
+                    self._submit(chunk, every_row=False, rows=wanted)
+                    for i in wanted:
+                        rows[last[offset + i]] = self._logits_row(i).copy()
+                decoded += len(items)
+                positions = [p + len(suffix_ids) for p in positions]
+            running = list(range(len(group)))
+            while running:
+                step: list[tuple[int, int, int]] = []
+                for seq in running:
+                    token = int(np.argmax(rows[seq]))  # the first highest logit, as llama.cpp's greedy sampler
+                    if not completions[seq].push(token):
+                        step.append((token, positions[seq], seq))
+                if not step:
+                    break
+                self._submit(step, every_row=True)
+                for i, (_, _, seq) in enumerate(step):
+                    rows[seq] = self._logits_row(i).copy()
+                    positions[seq] += 1
+                running = [seq for _, _, seq in step]
+                decoded += len(step)
+        except BaseException:
+            self._forget_kv()
+            raise
+        finally:
+            self.kv_stats.tokens_decoded += decoded
+        # Back to the prefixes alone: the next record starts from the same cache.
+        for seq, ids in enumerate(group):
+            if self._group is not None and not self._lib.llama_memory_seq_rm(memory, seq, len(ids), -1):
+                self._forget_kv()  # a cache that cannot drop a tail: the next record decodes the prefixes again
+        return decoded
+
     def _check_room(self, needed: int) -> None:
         if needed > self._n_ctx:
             raise EngineError(
@@ -350,7 +486,7 @@ class LlamaPlumbing:
         params = type(self._llm.context_params).from_buffer_copy(self._llm.context_params)
         params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
         params.n_threads = params.n_threads_batch = n_threads
-        params.n_seq_max = _SCORING_SEQUENCES
+        params.n_seq_max = SCORING_SEQUENCES
         params.kv_unified = True  # the sequences share the n_ctx cells (a choice's copy costs no cells)
         params.swa_full = True  # truncating back to the prefix must not lose cells the next record needs
         with quiet_native_output(self._lib):

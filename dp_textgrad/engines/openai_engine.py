@@ -69,7 +69,7 @@ from dp_textgrad.engines.openai_protocol import (
     tokens_overlapping,
     validate_response,
 )
-from dp_textgrad.engines.openai_scoring import EchoScoring
+from dp_textgrad.engines.openai_scoring import EchoScoring, Route
 from dp_textgrad.engines.openai_transport import Transport
 from dp_textgrad.engines.ratelimit import TokenBucket
 
@@ -181,8 +181,11 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self._results = ResultCache(cache_entries) if cache_entries else None
         self._state_lock = threading.Lock()
+        # What public echoes showed (never a record's request): see openai_scoring.
         self._echo_unavailable = False
+        self._echo_verified = False
         self._first_tokens: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+        self._routes: dict[tuple[str, ...], tuple[Route, tuple[str, ...] | None]] = {}
         self._warned: set[str] = set()
         self._client = openai.OpenAI(
             api_key=self._resolve_api_key(api_key),
@@ -323,6 +326,44 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         prompts = list(prompts)
         return self._map(lambda p: self.generate(p, system_prompt, **kwargs), prompts)
 
+    def generate_after_prefix(
+        self,
+        prefix: str,
+        suffixes: Sequence[str],
+        *,
+        max_tokens: int,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> list[str]:
+        """``generate(prefix + suffix)`` for each suffix, ``max_concurrency`` requests at a time,
+        in input order: the private path of generation tasks. Each request carries one record and
+        is answered on its own, so an output depends on the prefix and its own record only, as
+        far as the server computes each request by itself (a server that reuses the KV cache of
+        the request before, as llama.cpp's does, can move floats by rounding)."""
+        suffixes = list(suffixes)
+        if not isinstance(prefix, str) or not all(isinstance(s, str) for s in suffixes):
+            raise TypeError("prefix and suffixes: must be texts")
+        options: dict[str, Any] = {"max_tokens": max_tokens, "stop": stop, "temperature": temperature}
+        return self._map(lambda suffix: self.generate(prefix + suffix, **options), suffixes)
+
+    def generate_for_prefixes(
+        self,
+        prefixes: Sequence[str],
+        suffix: str,
+        *,
+        max_tokens: int,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> list[str]:
+        """``generate(prefix + suffix)`` for each prefix (one record under several prompts),
+        ``max_concurrency`` requests at a time, in input order; one request per prefix, each
+        carrying this record only (see :meth:`generate_after_prefix`)."""
+        prefixes = list(prefixes)
+        if not isinstance(suffix, str) or not all(isinstance(p, str) for p in prefixes):
+            raise TypeError("prefixes and suffix: must be texts")
+        options: dict[str, Any] = {"max_tokens": max_tokens, "stop": stop, "temperature": temperature}
+        return self._map(lambda prefix: self.generate(prefix + suffix, **options), prefixes)
+
     # -- scoring --------------------------------------------------------------------
     def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
         choices = list(choices)
@@ -334,14 +375,20 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         contexts = [prefix + s for s in suffixes]
         if not contexts:
             return np.zeros((0, len(choices)))
-        route, first_tokens = self._route(choices)
-        if route == "echo" and self._use_echo("score_choices_batch"):
+        route, first_tokens = self._route(choices)  # fixed per label set, from public inputs
+        if route == "echo" and (self.scoring != "echo" or self._use_echo("score_choices_batch")):
             pairs = [(i, j) for i in range(len(contexts)) for j in range(len(choices))]
             try:
                 values = self._map(lambda ij: self._choice_logprob_echo(contexts[ij[0]], choices[ij[1]]), pairs)
                 return np.array(values, dtype=float).reshape(len(contexts), len(choices))
             except EchoUnavailable as why:
+                if not self._probing:  # records: the route stays, the call fails
+                    raise self._echo_failed_on_a_record(why, "score_choices_batch") from None
+                # The preflight's probe is public text: learning here that echo fails is allowed,
+                # and the label set is scored by its first token from now on.
                 self._echo_is_unavailable(why, "score_choices_batch")
+                with self._state_lock:
+                    self._routes[tuple(choices)] = ("approximate", None)
         rows = self._map(lambda c: self._choice_logprobs_first_token(c, choices, first_tokens), contexts)
         return np.array(rows, dtype=float).reshape(len(contexts), len(choices))
 
@@ -379,6 +426,7 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         finally:
             with self._state_lock:
                 self._echo_unavailable = self._echo_unavailable or probe._echo_unavailable
+                self._echo_verified = self._echo_verified or probe._echo_verified
         return scores
 
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
@@ -391,7 +439,8 @@ class OpenAIEngine(EchoScoring, Transport, CachesResults, Engine):
         try:
             echoed = self._echo(context + text)
         except EchoUnavailable as why:
-            self._echo_is_unavailable(why, "token_logprobs")
+            # The text may be private: what it showed does not change later requests.
+            self._check_refusal(why)
             raise self._no_echo_error("token_logprobs") from None
         span = tokens_overlapping(echoed, len(context), len(context) + len(text))
         return TokenLogprobs(

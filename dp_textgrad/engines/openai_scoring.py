@@ -3,12 +3,18 @@
 A mixin of :class:`~dp_textgrad.engines.openai_engine.OpenAIEngine`: it uses the
 engine's transport (``_request``), cache and warnings.
 
-Which route a set of labels takes is decided once per label set, from the public labels
-only (never from a record): the server's tokenizer (llama-cpp-python's
+Which route a set of labels takes is decided once per label set, from public inputs only
+(never from a record), and then kept: the server's tokenizer (llama-cpp-python's
 ``/extras/tokenize``, llama.cpp's ``/tokenize``), else one short echo of each label after a
 fixed public context, gives each label's first token. When those differ, one plain
 completion per record (``max_tokens=1`` with top log-probs) scores every label by its
-first token; otherwise (``scoring="auto"``) echo scores the whole label.
+first token; otherwise (``scoring="auto"``) echo scores the whole label if an echo of public
+text shows that the server gives prompt log-probs, and the first-token approximation if not.
+
+Whether the server echoes is learned from public text only (the labels' echo, the
+preflight's probe). An echo refused (400/422) or answered without prompt log-probs while
+records are scored raises an error and never turns echo off for later records: a private
+record (a long one, say) must not choose how the records after it are scored.
 """
 
 from __future__ import annotations
@@ -59,7 +65,10 @@ class EchoScoring:
         probe_timeout: float
         _state_lock: threading.Lock
         _echo_unavailable: bool
+        _echo_verified: bool
         _first_tokens: dict[tuple[str, ...], tuple[str, ...] | None]
+        _routes: dict[tuple[str, ...], tuple[Route, tuple[str, ...] | None]]
+        _probing: bool
         _client: openai.OpenAI
 
         def _request(
@@ -77,10 +86,23 @@ class EchoScoring:
         """How to score ``choices``, and their first tokens when the first-token route is exact.
 
         ``echo``: prompt log-probs of the whole label (asked for, or the labels share a first
-        token). ``first_token``: the top log-probs of the first generated token, read at each
-        label's own first token. ``approximate``: the same request, matched by text (chat mode,
-        or no way to learn the labels' tokens).
+        token and the server echoes). ``first_token``: the top log-probs of the first generated
+        token, read at each label's own first token. ``approximate``: the same request, matched
+        by text (chat mode, or no way to learn the labels' tokens, or no echo).
+
+        Decided the first time a label set is scored (the preflight's public probe, before any
+        charge), from public inputs only, and kept for the engine's life.
         """
+        key = tuple(choices)
+        with self._state_lock:
+            decided = self._routes.get(key)
+        if decided is not None:
+            return decided
+        decided = self._decide_route(key)
+        with self._state_lock:
+            return self._routes.setdefault(key, decided)
+
+    def _decide_route(self, choices: tuple[str, ...]) -> tuple[Route, tuple[str, ...] | None]:
         if self.scoring == "echo":
             return "echo", None
         if self.mode == "chat":  # a chat reply's first token is not the completion's: match by text
@@ -88,7 +110,33 @@ class EchoScoring:
         first = self.label_first_tokens(choices)
         if first is not None and len(set(first)) == len(first):
             return "first_token", first
-        return ("echo" if self.scoring == "auto" else "approximate"), None
+        if self.scoring == "auto" and self._public_echo_works(choices):
+            return "echo", None
+        return "approximate", None
+
+    def _public_echo_works(self, choices: tuple[str, ...]) -> bool:
+        """Whether the server gives prompt log-probs, from what public echoes showed so far, else
+        from one short echo of the first label after the fixed public context."""
+        with self._state_lock:
+            if self._echo_unavailable or self._echo_verified:
+                return not self._echo_unavailable
+        try:
+            self._echo(PROBE_CONTEXT + choices[0], quick=True)
+        except EchoUnavailable as why:
+            self._echo_is_unavailable(why, "score_choices_batch")
+            return False
+        except OpenAIEngineError as error:
+            raise OpenAIEngineError(
+                f"{self._label()}: the labels share their first token, so scoring='auto' needs echo (prompt "
+                f"log-probs), and an echo of the public labels failed ({error}); set engine.options.scoring: "
+                "first_token (scoring='first_token' in Python) to score each label by its first token's top "
+                "log-probs, matched by text, or fix the server's echo",
+                status_code=error.status_code,
+                attempts=error.attempts,
+            ) from None
+        with self._state_lock:
+            self._echo_verified = True
+        return True
 
     def label_first_tokens(self, choices: Sequence[str]) -> tuple[str, ...] | None:
         """Each label's first token as the server spells it in top log-probs, learned once per
@@ -187,6 +235,8 @@ class EchoScoring:
                 status_code=error.status_code,
                 attempts=error.attempts,
             ) from None
+        with self._state_lock:
+            self._echo_verified = True  # public labels echoed: this server gives prompt log-probs
         if any(f is None for f in found):
             return None
         return tuple(f for f in found if f is not None)
@@ -227,14 +277,36 @@ class EchoScoring:
         )
 
     def _echo_is_unavailable(self, why: EchoUnavailable, what: str) -> None:
-        """Record that this server gives no prompt log-probs, after making sure a refusal
-        (400/422) was about echo and not about the prompt (too long, say): the same
-        prompt without echo decides, and if it fails too, its error is raised."""
+        """Record that this server gives no prompt log-probs (from an echo of PUBLIC text only),
+        after making sure a refusal (400/422) was about echo and not about the prompt (too long,
+        say): the same prompt without echo decides, and if it fails too, its error is raised."""
+        self._check_refusal(why)
+        self._mark_echo_unavailable(what)
+
+    def _check_refusal(self, why: EchoUnavailable) -> None:
+        """After a refused echo (400/422): send the same prompt without echo, so that a refusal
+        of the prompt itself (too long, say) raises its own error."""
         if why.rejection is not None:
             self._request(
                 "completions", {"prompt": why.prompt, "max_tokens": 1, "temperature": 0.0}, "a request without echo"
             )
-        self._mark_echo_unavailable(what)
+
+    def _echo_failed_on_a_record(self, why: EchoUnavailable, what: str) -> OpenAIEngineError:
+        """The error for an echo that fails while records are scored. Echo stays on: the route
+        was fixed from public text, and a record must not change how other records are scored."""
+        self._check_refusal(why)
+        if self.scoring == "echo":
+            return self._no_echo_error(what)
+        status = why.rejection.status_code if why.rejection is not None else None
+        reason = f"was refused (HTTP {status})" if status is not None else "came back without prompt log-probs"
+        return OpenAIEngineError(
+            f"{self._label()}: {what}: an echo request {reason} after public echoes had worked; the scoring "
+            "route is fixed before scoring and is not changed by a record, so this call fails; set "
+            "engine.options.scoring: first_token (scoring='first_token' in Python) if the server's echo is "
+            "unreliable, or fix the server",
+            status_code=status,
+            attempts=why.rejection.attempts if why.rejection is not None else 0,
+        )
 
     def _mark_echo_unavailable(self, what: str) -> None:
         with self._state_lock:

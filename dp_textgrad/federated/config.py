@@ -96,6 +96,13 @@ class FederatedSettings(Section):
 
     @model_validator(mode="after")
     def _selection_fits_placement(self) -> FederatedSettings:
+        if self.task.kind != "classify":
+            # Silos read label files and send confusion counts; generation tasks are not federated yet.
+            raise ValueError(
+                f"task.kind: federated runs take classification tasks only, and this task is kind "
+                f"{self.task.kind}; run it with `dp-textgrad optimize` (one data holder) or use a "
+                "classification task"
+            )
         if self.federation.placement != "central":
             # Only scores noised at the silos can be released; a charged selection reads raw totals.
             if not SELECTION_STRATEGIES[self.dp.selection].releases_scores or self.dp.final_selection != "last":

@@ -143,6 +143,11 @@ def run_federated(
     :func:`coordinate_federated`)."""
     federation = settings.federation
     task = task if task is not None else settings.task.build()
+    if getattr(task, "kind", "classify") != "classify":
+        raise ValueError(
+            "task.kind: federated runs take classification tasks only; run a generation task with "
+            "dp_textgrad.optimize (one data holder)"
+        )
     engine_factory = engine_factory or settings.engine.factory()
     names, records, caps = silo_records(settings, task)
     declared: list[int | None] = (

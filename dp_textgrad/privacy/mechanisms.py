@@ -175,10 +175,12 @@ class GaussianScoreMechanism:
         return float(self.feedback_noise_multiplier) * math.sqrt(matrices)
 
     def release_confusion(self, counts: np.ndarray, noise: NoiseSource) -> np.ndarray:
-        """Noisy confusion counts, shape (m, L, L): one matrix per feedback candidate."""
+        """Noisy feedback counts, shape (m, ...): one block per feedback candidate (an L x L
+        confusion matrix, or a histogram over failure categories). Each record adds one unit to
+        one cell of each block, so the L2 sensitivity is sqrt(m) whatever the block's shape."""
         values = np.asarray(counts, dtype=float)
-        if values.ndim != 3:
-            raise ValueError(f"counts: expected shape (m, labels, labels), got {values.shape}")
+        if values.ndim not in (2, 3):
+            raise ValueError(f"counts: expected shape (m, labels, labels) or (m, categories), got {values.shape}")
         return noise.add_gaussian(values, self.confusion_noise_std(values.shape[0]))
 
 

@@ -102,6 +102,8 @@ CHANNELS: dict[str, dict[str, str]] = {
     # config.json
     "config": {
         "task": PUBLIC,
+        "task_kind": PUBLIC,  # classify or generate: the run file's
+        "metric": PUBLIC,  # the task's metric name: the run file's
         "engine": PUBLIC,
         "config": PUBLIC,  # settings; with N not declared its counted_dataset_size and the q and
         # delta derived from it are post-processing of the DP count of N
@@ -234,6 +236,14 @@ TEXT_CHANNELS: dict[str, str] = {
     "log records and warnings": "none computed from private records",
     "exit codes": "0 released, 3 released after an early stop (budget or callback), 1 run failure, "
     "2 bad input, 130 interrupted: all decided by public events",
+    "generated outputs (generation tasks)": "never released: each output on a private record, its length "
+    "and token count, whether it hit `max_new_tokens`, and the time it took stay in the scorer's frame; what "
+    "leaves is the noisy score sums and, where an LLM operator reads it, the noisy failure histogram over the "
+    "metric's public categories (dp_output)",
+    "judge and metric calls on private outputs": "never released: the judge's prompt, reply and grade and a "
+    "metric's value or error text stay in the scorer's frame (a metric that raises or a grade that does not "
+    "parse scores 0, the same rule for every record); a judge on the run's engine counts in the private "
+    "phase's usage (operator/), never in `public_usage`",
     "operator/": "operator-only values (real private-phase usage and time, raw engine error text): "
     "derived from private data without noise, do not share; also the run's subsample secret "
     '(`run_secret`) and the journal of releases (`releases/`), see "Interruptions"',

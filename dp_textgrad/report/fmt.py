@@ -55,3 +55,25 @@ def p_value(value: Any) -> str:
 
 def signed(value: Any, digits: int = 3) -> str:
     return "-" if value is None else f"{float(value):+.{digits}f}"
+
+
+# How reports and the console name a task's metric (``task.metric_name``); an unknown name
+# (a ``python:MODULE:FUNCTION`` metric) is shown as it is.
+METRIC_LABELS = {
+    "accuracy": "accuracy",
+    "exact": "exact match",
+    "f1": "token F1",
+    "numeric": "numeric answer accuracy",
+    "rouge_l": "ROUGE-L F",
+    "json_fields": "JSON field match",
+    "regex": "regex match",
+    "judge": "judge grade",
+    "textgrad_loss": "TextGrad loss grade",
+}
+INTERVAL_LABELS = {"wilson": "Wilson", "bootstrap": "bootstrap"}
+
+
+def metric_label(name: Any) -> str:
+    """'token F1' for ``f1``, 'accuracy' for a classification task (or an old run that names none)."""
+    key = str(name or "accuracy")
+    return METRIC_LABELS.get(key, key)

@@ -13,8 +13,8 @@ from typing import Any
 from dp_textgrad import runs
 from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
 from dp_textgrad.report.audit_section import audit_markdown
-from dp_textgrad.report.fmt import interval, num, p_value, sig, signed
-from dp_textgrad.report.plots import Z95, accuracy_ci
+from dp_textgrad.report.fmt import INTERVAL_LABELS, interval, metric_label, num, p_value, sig, signed
+from dp_textgrad.report.plots import Z95, evaluation_intervals
 
 UNSAFE_BANNER = (
     "**WARNING: unsafe mode: raw private records reached the mutator. This run is NOT "
@@ -45,7 +45,18 @@ def _used_bound(result: dict[str, Any]) -> str:
     return min(finite, key=finite.__getitem__) if finite else "-"
 
 
-def _mechanism(config: dict[str, Any]) -> str:
+def _feedback_name(result: dict[str, Any] | None, config: dict[str, Any] | None = None) -> str:
+    """What the DP feedback counts are: a classification task's confusion matrix, or a generation
+    task's failure histogram (config.json's task_kind; for runs written before it, the evaluation's
+    metric; without either, the classic name)."""
+    kind = (config or {}).get("task_kind")
+    if kind is not None:
+        return "failure-histogram" if kind == "generate" else "confusion-matrix"
+    metric = ((result or {}).get("evaluation") or {}).get("metric")
+    return "failure-histogram" if metric not in (None, "accuracy") else "confusion-matrix"
+
+
+def _mechanism(config: dict[str, Any], result: dict[str, Any] | None = None) -> str:
     cfg = config.get("config", {})
     strategy = SELECTION_STRATEGIES.get(cfg.get("selection"))
     if strategy is None:
@@ -53,7 +64,7 @@ def _mechanism(config: dict[str, Any]) -> str:
     value = config.get("selection_epsilon" if strategy.calibrates == "epsilon0" else "noise_multiplier")
     text = strategy.describe(float(value), int(cfg.get("parents") or 1)) if value is not None else strategy.name
     if strategy.supports_feedback and cfg.get("feedback") == "dp_confusion":
-        text += f"; DP confusion-matrix feedback at {sig(cfg.get('feedback_noise_ratio'))} x that noise"
+        text += f"; DP {_feedback_name(result, config)} feedback at {sig(cfg.get('feedback_noise_ratio'))} x that noise"
     return text
 
 
@@ -94,7 +105,7 @@ def header(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> lis
             f"> **({sig(result['epsilon'], 4)}, {sig(result['delta'])})-differential privacy** for each "
             f"record of the private set (neighbours: add or remove one record), covering everything this "
             f"run released; bound: {_used_bound(result).upper()}, the smallest of "
-            f"{len(result.get('epsilons') or {})} valid accountants. {_mechanism(config)}; "
+            f"{len(result.get('epsilons') or {})} valid accountants. {_mechanism(config, result)}; "
             f"{_schedule(config)}.",
             "",
         ]
@@ -109,7 +120,7 @@ def header(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> lis
         lines += ["| epsilon | none: not differentially private |"]
     lines += [
         "| unit of privacy | one record; neighbouring datasets differ by adding or removing one record |",
-        f"| mechanism | {_mechanism(config) if kind == 'dp' else 'none (exact scores)'} |",
+        f"| mechanism | {_mechanism(config, result) if kind == 'dp' else 'none (exact scores)'} |",
         f"| schedule | {_schedule(config)} |",
         f"| noise source | {result.get('noise') or config.get('noise') or 'OS entropy'} |",
         f"| run | {task}; stopped because: {result.get('stopped_because')} |",
@@ -143,9 +154,13 @@ def evaluation(result: dict[str, Any], image: str | None) -> list[str]:
     if not ev:
         return []
     n = int(ev["n_test"])
+    metric = metric_label(ev.get("metric"))
+    binary = (ev.get("interval") or "wilson") == "wilson"
+    method = INTERVAL_LABELS.get(str(ev.get("interval") or "wilson"), "Wilson")
     rows = []
-    for name, key in (("seed", "seed_accuracy"), ("released", "released_accuracy")):
-        low, high = accuracy_ci(float(ev[key]), n)
+    for name, key, (low, high) in zip(
+        ("seed", "released"), ("seed_accuracy", "released_accuracy"), evaluation_intervals(ev), strict=True
+    ):
         rows.append(f"| {name} | {interval(ev[key], low, high)} |")
     lines = [
         "## Test-split evaluation (outside the guarantee)",
@@ -153,18 +168,24 @@ def evaluation(result: dict[str, Any], image: str | None) -> list[str]:
         "The test split is the user's own held-out data, scored without noise: research only, not covered "
         "by the guarantee above.",
         "",
-        f"| prompt | accuracy, n = {n} [95% Wilson interval] |",
+        f"| prompt | {metric}, n = {n} [95% {method} interval] |",
         "|---|---|",
         *rows,
         "",
     ]
-    if ev.get("difference") is not None:
+    if ev.get("difference") is not None and binary:
         better, worse = ev.get("discordant") or (0, 0)
         lines += [
             f"Paired on the same {n} records: difference **{signed(ev['difference'])}** (95% CI "
             f"{signed(ev['difference_low'])} to {signed(ev['difference_high'])}); exact McNemar test "
             f"{p_value(ev['mcnemar_p'])} ({better} records only the released prompt gets right, "
             f"{worse} only the seed).",
+            "",
+        ]
+    elif ev.get("difference") is not None:
+        lines += [
+            f"Paired on the same {n} records: difference in mean {metric} **{signed(ev['difference'])}** "
+            f"(95% paired bootstrap interval {signed(ev['difference_low'])} to {signed(ev['difference_high'])}).",
             "",
         ]
     if image:

@@ -138,13 +138,28 @@ def accuracy_ci(accuracy: float, n: int) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
+def evaluation_intervals(evaluation: dict[str, Any]) -> list[tuple[float, float]]:
+    """The seed's and the released prompt's 95% intervals of a result's evaluation block: as
+    written (a bootstrap for a non-binary metric), or Wilson for a run written before they were."""
+    n = int(evaluation["n_test"])
+    out = []
+    for key in ("seed", "released"):
+        low, high = evaluation.get(f"{key}_low"), evaluation.get(f"{key}_high")
+        if low is None or high is None:
+            low, high = accuracy_ci(float(evaluation[f"{key}_accuracy"]), n)
+        out.append((float(low), float(high)))
+    return out
+
+
 def evaluation_chart(evaluation: dict[str, Any]) -> bytes:
-    """Seed vs released test accuracy with Wilson intervals and the paired difference."""
+    """Seed vs released test score (the task's metric) with 95% intervals and the paired difference."""
+    from dp_textgrad.report.fmt import INTERVAL_LABELS, metric_label
+
     plt = _pyplot()
     n = int(evaluation["n_test"])
     names = ["seed prompt", "released prompt"]
     values = [float(evaluation["seed_accuracy"]), float(evaluation["released_accuracy"])]
-    cis = [accuracy_ci(v, n) for v in values]
+    cis = evaluation_intervals(evaluation)
     fig, ax = plt.subplots(figsize=(6.0, 2.4))
     ax.barh(names, values, color=[GREY, BLUE], height=0.5)
     ax.errorbar(
@@ -159,14 +174,16 @@ def evaluation_chart(evaluation: dict[str, Any]) -> bytes:
     for y, value in enumerate(values):
         ax.text(0.01, y, f"{value:.3f}", va="center", color="white", fontsize=8, fontweight="bold")
     ax.set_xlim(0, 1)
-    ax.set_xlabel(f"test accuracy (n = {n}; 95% Wilson intervals)")
+    method = INTERVAL_LABELS.get(str(evaluation.get("interval") or "wilson"), "Wilson")
+    ax.set_xlabel(f"test {metric_label(evaluation.get('metric'))} (n = {n}; 95% {method} intervals)")
     title = "Test split (outside the DP guarantee)"
     if evaluation.get("difference") is not None:
         title += (
             f"\npaired difference {evaluation['difference']:+.3f} "
-            f"[{evaluation['difference_low']:+.3f}, {evaluation['difference_high']:+.3f}], "
-            f"McNemar p = {evaluation['mcnemar_p']:.2g}"
+            f"[{evaluation['difference_low']:+.3f}, {evaluation['difference_high']:+.3f}]"
         )
+        if evaluation.get("mcnemar_p") is not None:
+            title += f", McNemar p = {evaluation['mcnemar_p']:.2g}"
     ax.set_title(title, fontsize=10)
     return _png(fig)
 

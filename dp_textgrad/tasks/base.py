@@ -1,18 +1,27 @@
 """Tasks: private records, public records, a test split, and how a prompt meets a record.
 
-A classification task renders model input as::
+Every task follows one protocol (:class:`Task`): it turns (engine, prompt, records) into
+per-record scores in [0, C] and, for the DP feedback, into counts to which one record adds
+exactly one unit (one cell per feedback candidate, so the L2 sensitivity of m released
+vectors is sqrt(m) whatever their shape). The scorer, the planner and the mechanisms see
+only that. Two families implement it:
 
-    <candidate prompt>\n\n<record_template with the record's text>
+- :class:`ClassificationTask` (here) renders model input as::
 
-and reads the label by comparing the log-probabilities of each label's verbaliser
-(e.g. " fraud") as the continuation. The per-record score is in [0, C].
+      <candidate prompt>\n\n<record_template with the record's text>
+
+  and reads the label by comparing the log-probabilities of each label's verbaliser
+  (e.g. " fraud") as the continuation; its feedback is the confusion matrix (gold x predicted).
+- ``GenerationTask`` (:mod:`dp_textgrad.tasks.generation`) generates an output after the same
+  input and scores it with a metric against a reference; its feedback is a histogram of
+  public failure categories.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -30,6 +39,81 @@ class Example:
 
     text: str
     label: str
+
+
+@dataclass(frozen=True)
+class FeedbackSpec:
+    """The public shape of a task's DP feedback (what one record adds one unit to).
+
+    ``kind``: ``confusion`` (classification: an L x L matrix over ``names``, the labels) or
+    ``failures`` (generation: a histogram over ``names``, the failure categories, each with
+    its one-line public ``descriptions`` entry).
+    """
+
+    kind: Literal["confusion", "failures"]
+    names: tuple[str, ...]
+    descriptions: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        size = len(self.names)
+        return (size, size) if self.kind == "confusion" else (size,)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What the search needs from a task (both families implement it).
+
+    ``private_outcomes`` is called only from a DP mechanism; ``feedback_counts`` turns its
+    outcomes into counts of shape ``feedback.shape`` to which each record adds exactly one
+    unit; ``public_scores`` scores public or test records in [0, 1] (evaluation, no privacy).
+    ``metric_name`` names the score in reports; ``binary_scores``: every score is 0 or 1.
+    """
+
+    name: str
+    description: str
+    private_train: PrivateDataset[Any]
+    test: list[Any]
+    public_examples: list[Any]
+    clip_bound: float
+    seed_prompt: str
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def labels(self) -> list[str]: ...
+
+    @property
+    def metric_name(self) -> str: ...
+
+    @property
+    def binary_scores(self) -> bool: ...
+
+    @property
+    def feedback(self) -> FeedbackSpec: ...
+
+    def render_prefix(self, prompt: str) -> str: ...
+
+    def render_record(self, text: str) -> str: ...
+
+    def render_demo(self, example: Any) -> str: ...
+
+    def private_outcomes(self, engine: Engine, prompt: str, batch: PrivateBatch[Any]) -> Any: ...
+
+    def feedback_counts(self, outcomes: Any) -> np.ndarray: ...
+
+    def public_scores(self, engine: Engine, prompt: str, examples: Sequence[Any]) -> np.ndarray: ...
+
+    def mean_score(self, engine: Engine, prompt: str, examples: Sequence[Any] | None = None) -> float: ...
+
+    def with_bounded_records(
+        self,
+        count_tokens: Callable[[str], int],
+        truncate: Callable[[str, int], str],
+        max_tokens: int,
+        policy: str = "truncate",
+    ) -> Task: ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +149,8 @@ class ClassificationTask:
     score_kind: ScoreKind = "accuracy"
     clip_bound: float = 1.0
     seed_prompt: str = ""
+
+    kind = "classify"
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -131,6 +217,19 @@ class ClassificationTask:
             records[i] = Example(truncate(records[i].text, max_tokens), records[i].label)
         return replace(self, private_train=PrivateDataset(records))
 
+    # -- the protocol's public descriptions ---------------------------------------------
+    @property
+    def metric_name(self) -> str:
+        return "accuracy"
+
+    @property
+    def binary_scores(self) -> bool:
+        return True
+
+    @property
+    def feedback(self) -> FeedbackSpec:
+        return FeedbackSpec("confusion", tuple(self.labels))
+
     # -- rendering ------------------------------------------------------------------
     def render_prefix(self, prompt: str) -> str:
         """The shared prefix of every record's model input under ``prompt``."""
@@ -185,6 +284,23 @@ class ClassificationTask:
         """Outcomes on public or test records (no privacy involved)."""
         return self._outcomes(engine, prompt, [e.text for e in examples], [e.label for e in examples], verbalizers)
 
+    def feedback_counts(self, outcomes: RecordOutcomes) -> np.ndarray:
+        """The confusion matrix of ``outcomes``: each record adds 1 to cell (gold, predicted)."""
+        counts = np.zeros((len(self.labels), len(self.labels)), dtype=float)
+        np.add.at(counts, (np.asarray(outcomes.gold, dtype=int), np.asarray(outcomes.predicted, dtype=int)), 1.0)
+        return counts
+
+    def public_scores(
+        self, engine: Engine, prompt: str, examples: Sequence[Example], verbalizers: Mapping[str, str] | None = None
+    ) -> np.ndarray:
+        """1 for each record whose label is read right, else 0 (public or test records only)."""
+        outcomes = self.public_outcomes(engine, prompt, examples, verbalizers)
+        return np.asarray(outcomes.predicted == outcomes.gold, dtype=float)
+
+    def mean_score(self, engine: Engine, prompt: str, examples: Sequence[Example] | None = None) -> float:
+        """Test accuracy (the protocol's name for the mean score); see :meth:`accuracy`."""
+        return self.accuracy(engine, prompt, examples)
+
     def accuracy(
         self,
         engine: Engine,
@@ -196,5 +312,4 @@ class ClassificationTask:
         examples = self.test if examples is None else examples
         if not examples:
             raise ValueError("test: no examples to evaluate on")
-        out = self.public_outcomes(engine, prompt, examples, verbalizers)
-        return float(np.mean(out.predicted == out.gold))
+        return float(np.mean(self.public_scores(engine, prompt, examples, verbalizers)))

@@ -56,6 +56,7 @@ __all__ = [
     "RougeL",
     "TextGradLossMetric",
     "TokenF1",
+    "judge_from_options",
     "metric_from_name",
     "normalize_answer",
     "parse_grade",
@@ -885,3 +886,24 @@ def metric_from_name(
             import_metric_function(name), name=name, binary=binary, categories=_with_categories(defaults, categories)
         )
     return metric
+
+
+_JUDGE_OPTIONS = ("rubric", "max_tokens", "template", "scale")
+
+
+def judge_from_options(
+    engine: Engine, options: Mapping[str, Any] | None = None, *, categories: Mapping[str, str] | None = None
+) -> JudgeMetric:
+    """``task.metric: judge``: a :class:`JudgeMetric` asking ``engine`` (the run's engine), with
+    ``task.metric_options`` (``rubric``, ``max_tokens``, ``template``, ``scale``) and
+    ``task.categories`` re-describing its default categories; a bad option is a ``ValueError``."""
+    given = dict(options or {})
+    unknown = sorted(str(option) for option in given if option not in _JUDGE_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"task.metric_options: unknown options {unknown} for metric 'judge'; accepted: {', '.join(_JUDGE_OPTIONS)}"
+        )
+    for key in ("rubric", "template"):
+        if key in given and (not isinstance(given[key], str) or not given[key].strip()):
+            raise ValueError(f"task.metric_options.{key}: must be non-empty text")
+    return JudgeMetric(engine, **given, categories=_with_categories(GRADED_CATEGORIES, categories))

@@ -1,7 +1,8 @@
-"""Tasks by name: ``get_task("support")``, ``get_task("sst2")``, ``get_task("banking77")``.
+"""Tasks by name: ``get_task("support")``, ``get_task("support_extract")``, ``get_task("sst2")``, ...
 
-``support`` is built in (no download). ``sst2`` and ``banking77`` read the benchmark
-data directory (``data_dir=...``, else ``$DP_TEXTGRAD_DATA``, else ``../shared/data``),
+``support`` (classification) and ``support_extract`` (generation) are built in (no
+download). ``sst2``, ``banking77`` and the generation tasks ``snips`` and ``gsm8k`` read
+the benchmark data directory (``data_dir=...``, else ``$DP_TEXTGRAD_DATA``, else ``../shared/data``),
 which is never copied into the package.
 """
 
@@ -12,8 +13,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
+from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind, Task
+from dp_textgrad.tasks.benchmark_generation import build_gsm8k, build_snips
 from dp_textgrad.tasks.loaders import build_task_from_files, resolve_data_dir
+from dp_textgrad.tasks.support_extract import make_support_extract_task
 from dp_textgrad.tasks.synthetic import make_support_task
 
 # ----------------------------------------------------------------------------------
@@ -149,11 +152,14 @@ def build_banking77(
 
 
 # ----------------------------------------------------------------------------------
-_BUILDERS: Mapping[str, Callable[..., ClassificationTask]] = MappingProxyType(
+_BUILDERS: Mapping[str, Callable[..., Task]] = MappingProxyType(
     {
         "support": make_support_task,
+        "support_extract": make_support_extract_task,  # generation: the account number of a message
         "sst2": build_sst2,
         "banking77": build_banking77,
+        "snips": build_snips,  # generation: slot extraction (tasks/benchmark_generation.py)
+        "gsm8k": build_gsm8k,  # generation: numeric final answer
     }
 )
 
@@ -163,7 +169,7 @@ def available_tasks() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def get_task(name: str, **kwargs: Any) -> ClassificationTask:
+def get_task(name: str, **kwargs: Any) -> Task:
     """Build the task called ``name``; ``kwargs`` go to its builder (e.g. ``seed``, ``data_dir``)."""
     try:
         builder = _BUILDERS[name]

@@ -13,7 +13,17 @@ import json
 
 import pytest
 
-from tests.twin import base_rows, differences, json_differences, long_record, masked_differences, run_twin
+from tests.twin import (
+    base_rows,
+    differences,
+    generation_long_record,
+    generation_records,
+    json_differences,
+    long_record,
+    masked_differences,
+    run_generation_twin,
+    run_twin,
+)
 
 SCHEDULES = {
     "gaussian": "epsilon = 4\ngenerations = 3\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
@@ -69,6 +79,138 @@ def test_the_operator_area_sees_the_long_record(twins) -> None:
     d, dx = twins
     assert d.operator and d.operator.keys() == dx.operator.keys()
     assert any(d.operator[name] != dx.operator[name] for name in d.operator)
+
+
+# -- generation tasks: D versus D plus one record whose output is long and slow -------------------
+# Through the Python API (dp_textgrad.optimize) with a scripted engine whose output length and
+# latency follow the record (tests/twin.py): x's output is 200 words, written after a pause, and
+# scores 0. With the failure histogram on, the judge is the run's own engine (its calls on x's
+# output are private usage) and x's unit in the histogram is coupled as in the Gaussian's proof.
+# Seed 7 samples x in generations 0 and 2 of both schedules (so in a released failure histogram).
+_GENERATION = dict(epsilon=4, generations=3, population=3, parents=2, sampling_rate=0.5, insecure_noise_seed=7)
+GENERATION_SCHEDULES = {
+    "exact, no feedback": ({**_GENERATION, "feedback": "none"}, "exact"),
+    "judge, failure histogram": ({**_GENERATION, "feedback": "dp_confusion", "llm_operators": True}, "judge"),
+}
+
+
+def generation_pair(root, schedule: str, leak=None):
+    settings, metric = GENERATION_SCHEDULES[schedule]
+    records = generation_records(40)
+    runs = []
+    for name, rows, extra in (("d", records, 0), ("dx", records + [generation_long_record(records)], 1)):
+        with pytest.MonkeyPatch.context() as patch:  # a planted leak counts per run
+            if leak is not None:
+                leak(patch)
+            runs.append(run_generation_twin(root / name, rows, settings, metric=metric, coupled_extra_records=extra))
+    return tuple(runs)
+
+
+@pytest.fixture(scope="module", params=sorted(GENERATION_SCHEDULES))
+def generation_twins(request, tmp_path_factory):
+    return request.param, generation_pair(tmp_path_factory.mktemp("gen"), request.param)
+
+
+def test_the_generation_runs_finish_and_read_the_histogram_where_asked(generation_twins) -> None:
+    schedule, runs = generation_twins
+    for capture in runs:
+        assert capture.exit_code == 0, capture.stderr
+        charges = [json.loads(line)["metadata"] for line in capture.released["ledger.jsonl"].splitlines()[1:]]
+        with_histogram = [c for c in charges if c.get("feedback_candidates")]
+        assert bool(with_histogram) == (schedule == "judge, failure histogram")
+
+
+def test_every_released_generation_channel_is_identical(generation_twins) -> None:
+    _, (d, dx) = generation_twins
+    assert "<callbacks>" in d.released and "result.json" in d.released
+    diff = differences(d, dx)
+    details = {name: json_differences(d, dx, name) for name in diff if name.endswith((".json", ".jsonl"))}
+    assert not diff, f"released channels differ between D and D+x: {diff}; fields: {json.dumps(details)}"
+
+
+def test_the_operator_area_sees_the_long_output(generation_twins) -> None:
+    # Power: x was sampled, and its output (200 words) and judge calls are in the private-phase usage.
+    _, (d, dx) = generation_twins
+
+    def generated(capture):
+        lines = capture.operator["operator/metrics.jsonl"].splitlines()
+        return [json.loads(line)["private_completion_tokens"] for line in lines]
+
+    assert sum(generated(dx)) >= sum(generated(d)) + 200
+
+
+def _leak_private_usage(patch) -> None:
+    """The private phase's usage (generated tokens, judge calls) counted as public usage."""
+    import dataclasses
+
+    from dp_textgrad.dp_es import generation as step
+
+    run = step.GenerationStep.run
+    patch.setattr(step.GenerationStep, "run", lambda self, t, start=None: dataclasses.replace(
+        out := run(self, t, start), public_usage=out.public_usage + out.private_usage))
+
+
+def _leak_generated_length(patch) -> None:
+    """The words the private generations wrote, put into each generation's report (a callback)."""
+    import dataclasses
+
+    from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
+    from dp_textgrad.tasks.generation import GenerationTask
+
+    words = [0]
+    generate, report = GenerationTask.generate, DPEvolutionStrategy._report
+    generate_for_prompts = GenerationTask.generate_for_prompts  # the scorer's path: one record, all prompts
+
+    def counting(self, engine, prompt, texts):
+        outputs = generate(self, engine, prompt, texts)
+        words[0] += sum(len(output.split()) for output in outputs)
+        return outputs
+
+    def counting_for_prompts(self, engine, prompts, text):
+        outputs = generate_for_prompts(self, engine, prompts, text)
+        words[0] += sum(len(output.split()) for output in outputs)
+        return outputs
+
+    patch.setattr(GenerationTask, "generate", counting)
+    patch.setattr(GenerationTask, "generate_for_prompts", counting_for_prompts)
+    patch.setattr(DPEvolutionStrategy, "_report", lambda self, t, best, public: dataclasses.replace(
+        report(self, t, best, public), public_completion_tokens=words[0]))
+
+
+def _leak_judge_cost(patch) -> None:
+    """The judge's prompt words added to result.json's public usage."""
+    from dp_textgrad.dp_es.reports import SearchResult
+    from dp_textgrad.tasks.metrics import JudgeMetric
+
+    cost = [0]
+    score, as_dict = JudgeMetric.score, SearchResult.as_dict
+
+    def counting(self, output, reference):
+        cost[0] += len(self.prompt(output, reference).split())
+        return score(self, output, reference)
+
+    def leaky(self):
+        out = as_dict(self)
+        usage = dict(out.get("public_usage") or {})
+        usage["prompt_tokens"] = usage.get("prompt_tokens", 0) + cost[0]
+        return {**out, "public_usage": usage}
+
+    patch.setattr(JudgeMetric, "score", counting)
+    patch.setattr(SearchResult, "as_dict", leaky)
+
+
+LEAKS = {"private token counts": (_leak_private_usage, "result.json"),
+         "generated length": (_leak_generated_length, "<callbacks>"),
+         "judge cost": (_leak_judge_cost, "result.json")}
+
+
+@pytest.mark.parametrize("leak", sorted(LEAKS))
+def test_the_twin_check_fails_on_a_planted_leak(leak, tmp_path) -> None:
+    plant, channel = LEAKS[leak]
+    d, dx = generation_pair(tmp_path, "judge, failure histogram", plant)
+    assert d.exit_code == 0 and dx.exit_code == 0, d.stderr + dx.stderr
+    diff = differences(d, dx)
+    assert channel in diff, f"the planted leak ({leak}) went unseen: {diff}"
 
 
 # -- the same with the real local engine (slow) ----------------------------------------------------

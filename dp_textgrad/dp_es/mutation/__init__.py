@@ -28,6 +28,7 @@ from dp_textgrad.dp_es.mutation.critique import CritiquePipeline, extract_critiq
 from dp_textgrad.dp_es.mutation.feedback import (
     FeedbackSanitiser,
     render_confusion,
+    render_failures,
     scrub_pii,
     truncate_text,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "is_degenerate",
     "parse_layout",
     "render_confusion",
+    "render_failures",
     "scrub_pii",
     "split_sentences",
     "truncate_text",

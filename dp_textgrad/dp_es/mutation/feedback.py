@@ -8,7 +8,8 @@ mechanisms and from the rule that mutation prompts are built from public text an
 DP releases. Regexes miss names and many formats; do not rely on them.
 
 ``render_confusion`` turns a DP-released noisy confusion matrix into short public
-sentences. It is post-processing of a DP release, so it costs no budget.
+sentences, ``render_failures`` a noisy histogram of a generation task's public failure
+categories. Both are post-processing of a DP release, so they cost no budget.
 """
 
 from __future__ import annotations
@@ -254,4 +255,58 @@ def render_confusion(
     for _, g, p, fraction in confusions:
         sentences.append(f"About {_percent(fraction)} of '{labels[g]}' {item_noun} are labelled '{labels[p]}'.")
 
+    return [PublicText(s, "dp") for s in sentences[:max_sentences]]
+
+
+def render_failures(
+    noisy_histogram: np.ndarray,
+    categories: Sequence[str],
+    descriptions: Sequence[str],
+    expected_batch_size: float | None = None,
+    *,
+    noise_std: float | None = None,
+    threshold_stds: float = 2.0,
+    min_count: float = 1.0,
+    max_sentences: int = 4,
+    correct: str = "correct",
+) -> list[PublicText]:
+    """Short public sentences about a DP-released noisy histogram of failure categories.
+
+    ``noisy_histogram[c]``: noisy count of outputs in ``categories[c]`` (public names, with
+    one-line public ``descriptions``). Counts below ``max(min_count, threshold_stds *
+    noise_std)`` are treated as unknown; the rest are stated as shares of the public q*N
+    (``expected_batch_size``; else the noisy total), most frequent failures first. The text is
+    built from the release and the public descriptions only: no private output is quoted.
+    Post-processing only: no budget is spent.
+    """
+    counts = np.asarray(noisy_histogram, dtype=float)
+    if counts.ndim != 1 or counts.shape[0] != len(categories) or len(descriptions) != len(categories):
+        raise ValueError(
+            f"noisy_histogram: expected shape ({len(categories)},) with one description per category, "
+            f"got {counts.shape} and {len(descriptions)} descriptions"
+        )
+    if not np.all(np.isfinite(counts)):
+        raise ValueError("noisy_histogram: contains nan or inf; pass the released histogram unchanged")
+    if noise_std is not None and (not math.isfinite(noise_std) or noise_std < 0):
+        raise ValueError(f"noise_std: must be a finite number >= 0, got {noise_std}")
+    if expected_batch_size is not None and not expected_batch_size > 0:
+        raise ValueError(f"expected_batch_size: must be > 0 (it is q*N), got {expected_batch_size}")
+    threshold = max(min_count, threshold_stds * (noise_std or 0.0))
+    kept = np.clip(counts, 0.0, None)
+    kept[kept < threshold] = 0.0
+    total = float(kept.sum())
+    if total <= 0:
+        return []
+    denominator = float(expected_batch_size) if expected_batch_size is not None else total
+    sentences: list[str] = []
+    if correct in categories:
+        share = min(1.0, kept[list(categories).index(correct)] / denominator)
+        sentences.append(f"Overall, about {_percent(share)} of outputs get full marks.")
+    failures = sorted(
+        ((kept[c], c) for c, name in enumerate(categories) if name != correct and kept[c] > 0),
+        key=lambda item: (-item[0], item[1]),
+    )
+    for count, c in failures:
+        share = min(1.0, count / denominator)
+        sentences.append(f"About {_percent(share)} of outputs fail this way: {descriptions[c]}.")
     return [PublicText(s, "dp") for s in sentences[:max_sentences]]

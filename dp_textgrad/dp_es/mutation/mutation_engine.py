@@ -60,7 +60,8 @@ def _default_render_demo(example: Example) -> str:
 class MutationEngine:
     """Makes children from parents using only public information.
 
-    ``task_description`` must be PublicText; ``labels`` are the public label names;
+    ``task_description`` must be PublicText; ``labels`` are the public label names (none for
+    a generation task: its demos form one group and the label hint is off);
     ``public_examples`` feed demo operators (rendered with ``render_demo``, e.g.
     ``task.render_demo``). ``unsafe_examples`` (raw private records the caller
     unwrapped on purpose) are accepted only with ``mode="unsafe"``.
@@ -97,8 +98,8 @@ class MutationEngine:
     ) -> None:
         check_mode(mode)
         task_description = check_public(task_description, mode=mode, field_name="task_description")
-        if len(labels) < 2:
-            raise ValueError("labels: give the public label names (at least two)")
+        if len(labels) == 1:
+            raise ValueError("labels: give the public label names (at least two), or none for a generation task")
         public_labels = tuple(check_public(PublicText(str(lab), "user"), mode=mode) for lab in labels)
         if unsafe_examples and mode != "unsafe":
             raise PrivateDataError("unsafe_examples: raw private examples are only allowed with mode='unsafe'")

@@ -204,7 +204,8 @@ def demo_remove(
 def demo_set(
     ctx: MutationContext, primary: Candidate, partners: Sequence[Candidate], feedback: Sequence[PublicText]
 ) -> Edit | None:
-    """Replace the demonstrations with a balanced set: the same number per label, shuffled.
+    """Replace the demonstrations with a balanced set: the same number per label, shuffled
+    (a generation task's demos are one group: two to six of them).
 
     A small base model copies the label of a lone demonstration; one to three per label,
     in random order, is what makes few-shot prompting work for it. The largest set that
@@ -214,7 +215,8 @@ def demo_set(
     by_label: dict[str, list[int]] = {}
     for index, label in enumerate(ctx.demo_labels):
         by_label.setdefault(label, []).append(index)
-    per_label = int(ctx.rng.integers(1, 4))
+    # A generation task's demos are one group; its outputs copy their format, so sets are larger.
+    per_label = int(ctx.rng.integers(1, 4)) if ctx.labels else int(ctx.rng.integers(2, 7))
     for size in range(per_label, 0, -1):
         picks: list[int] = []
         for label in sorted(by_label):
@@ -230,6 +232,11 @@ def demo_set(
 
 
 # -- the registry ---------------------------------------------------------------------
+def _demo_groups(ctx: MutationContext, layout: PromptLayout) -> bool:
+    """Balanced sets need two labels; a generation task (no labels) needs two demos of its one group."""
+    return len(set(ctx.demo_labels)) >= 2 if ctx.labels else len(ctx.demo_pool) >= 2
+
+
 def _always(ctx: MutationContext, layout: PromptLayout) -> bool:
     return True
 
@@ -263,13 +270,13 @@ OPERATORS: Mapping[str, Operator] = MappingProxyType(
         "drop_sentence": Operator(drop_sentence, 0.5, _two_sentences),
         "insert_phrase": Operator(insert_phrase, 1.0),
         "format_change": Operator(format_change, 0.75),
-        "verbaliser_hint": Operator(verbaliser_hint, 0.75),
+        "verbaliser_hint": Operator(verbaliser_hint, 0.75, lambda ctx, lay: len(ctx.labels) >= 2),
         "demo_insert": Operator(
             demo_insert, 0.75, lambda ctx, lay: len(lay.demos) < ctx.max_demos and bool(ctx.unused_demos(lay))
         ),
         "demo_swap": Operator(demo_swap, 0.5, lambda ctx, lay: bool(lay.demos) and bool(ctx.unused_demos(lay))),
         "demo_remove": Operator(demo_remove, 0.5, lambda ctx, lay: bool(lay.demos)),
-        "demo_set": Operator(demo_set, 2.0, lambda ctx, lay: len(set(ctx.demo_labels)) >= 2),
+        "demo_set": Operator(demo_set, 2.0, _demo_groups),
     }
 )
 
