@@ -376,6 +376,12 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                 self.cache.put(keys[i], outputs[i] or "")
         return [output or "" for output in outputs]
 
+    def _private_cache(self) -> GenerationCache | None:
+        """The cache the private generation paths may use: in memory only. Their outputs are
+        private records' generations; a cache directory would keep them on disk."""
+        cache = self.cache
+        return cache if cache is not None and cache.directory is None else None
+
     def generate_after_prefix(
         self,
         prefix: str,
@@ -400,6 +406,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         up to float rounding (see the module docstring). ``temperature > 0`` generates one by
         one through ``generate``. Cached when a cache is set.
         """
+        private_cache = self._private_cache()
         if temperature != 0:
             return super().generate_after_prefix(
                 prefix, suffixes, max_tokens=max_tokens, stop=stop, temperature=temperature
@@ -412,7 +419,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         stops = list(stop) if stop else None
         outputs: list[str | None] = [None] * len(suffixes)
         keys = [""] * len(suffixes)
-        if self.cache is not None:
+        if private_cache is not None:
             for i, suffix in enumerate(suffixes):
                 keys[i] = GenerationCache.key(
                     model=self._model_id,
@@ -421,7 +428,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                     max_tokens=max_tokens,
                     stop=stops,
                 )
-                outputs[i] = self.cache.get(keys[i])
+                outputs[i] = private_cache.get(keys[i])
         todo = [i for i, output in enumerate(outputs) if output is None]
         self._count(calls=len(suffixes) - len(todo))
         if not todo:
@@ -448,9 +455,9 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
                 prompt_tokens += len(prefix_ids) + len(suffix_ids)  # as generate counts them (KV reuse aside)
                 generated += len(completion.tokens)
         self._count(calls=len(todo), prompt_tokens=prompt_tokens, completion_tokens=generated, seconds=timer["seconds"])
-        if self.cache is not None:
+        if private_cache is not None:
             for i in todo:
-                self.cache.put(keys[i], outputs[i] or "")
+                private_cache.put(keys[i], outputs[i] or "")
         return [output or "" for output in outputs]
 
     def generate_for_prefixes(
@@ -484,6 +491,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         ``temperature > 0`` generates one prefix after another (``Engine.generate_for_prefixes``).
         Cached when a cache is set (all of the call's outputs, or none, come from the cache).
         """
+        private_cache = self._private_cache()
         if temperature != 0:
             return super().generate_for_prefixes(
                 prefixes, suffix, max_tokens=max_tokens, stop=stop, temperature=temperature
@@ -498,14 +506,14 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         stops = list(stop) if stop else None
         unique = list(dict.fromkeys(prefixes))  # a repeated prompt is generated once
         keys: list[str] = []
-        if self.cache is not None:
+        if private_cache is not None:
             keys = [
                 GenerationCache.key(
                     model=self._model_id, for_prefixes=unique, index=k, suffix=suffix, max_tokens=max_tokens, stop=stops
                 )
                 for k in range(len(unique))
             ]
-            hits = [self.cache.get(key) for key in keys]
+            hits = [private_cache.get(key) for key in keys]
             if all(hit is not None for hit in hits):
                 self._count(calls=len(prefixes))
                 found = dict(zip(unique, hits, strict=True))
@@ -542,9 +550,9 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
             calls=len(prefixes), prompt_tokens=prompt_tokens, completion_tokens=generated, seconds=timer["seconds"]
         )
         texts = [c.text or "" for c in completions]
-        if self.cache is not None:
+        if private_cache is not None:
             for key, text in zip(keys, texts, strict=True):
-                self.cache.put(key, text)
+                private_cache.put(key, text)
         by_prefix = dict(zip(unique, texts, strict=True))
         return [by_prefix[p] for p in prefixes]
 

@@ -134,3 +134,19 @@ def test_the_generation_cache_serves_repeated_records(llama_engine) -> None:
         assert (cache.hits, cache.misses) == (2, 2)
     finally:
         llama_engine.cache = None
+
+
+@pytest.mark.slow
+def test_a_cache_directory_never_receives_private_generations(llama_engine, tmp_path) -> None:
+    """The private paths keep outputs in memory only: a cache directory would hold them on disk."""
+    cache = GenerationCache(tmp_path / "cache")
+    llama_engine.cache = cache
+    try:
+        llama_engine.generate_after_prefix(PREFIX, SUFFIXES[:2], max_tokens=4)
+        llama_engine.generate_for_prefixes([PREFIX, PREFIX + "Note: be brief.\n\n"], SUFFIXES[0], max_tokens=4)
+        assert (cache.hits, cache.misses) == (0, 0)
+        assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+        llama_engine.generate("public text", max_tokens=2)  # the public path still uses it
+        assert cache.misses == 1
+    finally:
+        llama_engine.cache = None
