@@ -1,11 +1,14 @@
 """Mutant-kill table: each privacy bug patched into the real code, audited by ``audit_scorer``
-(the real scorer, per channel) and ``audit_controller_loop`` (the whole controller at q < 1).
+(the real scorer, per channel), ``audit_controller_loop`` (the whole controller at q < 1) and
+``audit_voting`` (the teacher vote: keyed partition, charge, histogram, GNMax / confident GNMax).
 
     python benchmarks/audit_mutants.py            # prints the markdown table for docs/audit.md
+    python benchmarks/audit_mutants.py --voting   # the voting rows alone (seconds)
 
 Each mutant is a context manager that patches the library's own code (not a copy);
-``tests/audit/test_audit_mutants.py`` uses the same mutants and settings and fails if a
-mutant passes or the correct code is flagged. Seeded (insecure noise): deterministic.
+``tests/audit/mechanism_audits/test_dp_scorer_mutants.py`` and ``test_voting_mutants.py`` use the
+same mutants and settings and fail if a mutant passes or the correct code is flagged. Seeded
+(insecure noise): deterministic.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
 
 from dp_textgrad.audit import audit_controller_loop, audit_scorer  # noqa: E402
+from dp_textgrad.audit.mechanism_audits.voting import audit_voting  # noqa: E402
 from dp_textgrad.dp_es import scorer as scorer_module  # noqa: E402
 from dp_textgrad.dp_es import scoring_backends as scoring_module  # noqa: E402
-from dp_textgrad.privacy import mechanisms  # noqa: E402
+from dp_textgrad.privacy import mechanisms, voting  # noqa: E402
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset  # noqa: E402
 
 # A small rate q makes the amplified claim far below what an always-sampled canary shows, so
@@ -117,6 +121,85 @@ MUTANTS = {"correct": correct, "noise std x 0.5": half_noise, "clip bound ignore
            "charge skipped": charge_skipped, "subsample from a fixed seed": fixed_seed_subsample}
 
 
+# The teacher vote (GNMax, confident GNMax): one public input per labelling phase, no subsampling
+# (every teacher votes). The claim is read at delta = 1e-3: a binary statistic over 20000 runs sees
+# tails down to about 1e-3, and a claim at 1e-5 would leave every mutant below it.
+VOTING_SETTINGS = {
+    # Label 0 leads by 6 of 8 votes on D; the canary moves its teacher's vote 0 -> 1 (L2 sqrt(2)).
+    "gnmax": dict(mechanism="gnmax", teachers=8, sigma=3.0, lead=6, runs=20000, delta=1e-3),
+    # Every teacher abstains on D; the canary's teacher votes, so the max count moves 0 -> 1. The
+    # answer's noise (sigma2 = 16) is large, so the threshold step is most of the claim.
+    "confident": dict(mechanism="confident", teachers=4, sigma=16.0, threshold=4.75, threshold_sigma=3.0,
+                      runs=20000, delta=1e-3),
+}
+
+
+def run_voting_audit(name: str):
+    """The audit of row ``name`` of :data:`VOTING_SETTINGS`."""
+    return audit_voting(**VOTING_SETTINGS[name])
+
+
+@contextlib.contextmanager
+def voting_half_noise() -> Iterator[None]:
+    """Noise std x 0.5 on the counts (GNMax) and on the max count (the threshold step)."""
+    with mock.patch.object(voting.GNMax, "noise_std", property(lambda self: 0.5 * self.sigma)), \
+            mock.patch.object(voting.ConfidentGNMax, "threshold_noise_std",
+                              property(lambda self: 0.5 * self.threshold_sigma)):
+        yield
+
+
+@contextlib.contextmanager
+def votes_counted_twice() -> Iterator[None]:
+    """Sensitivity x 2: every vote adds 2 to its cell (one teacher moves a count by 2)."""
+    histograms = voting.vote_histograms
+    with mock.patch.object(voting, "vote_histograms", lambda *args, **kwargs: 2.0 * histograms(*args, **kwargs)):
+        yield
+
+
+@contextlib.contextmanager
+def voting_charge_skipped() -> Iterator[None]:
+    """The labelling runs without charging the ledger."""
+    with mock.patch.object(voting, "_charge", lambda *args, **kwargs: None):
+        yield
+
+
+@contextlib.contextmanager
+def partition_by_position() -> Iterator[None]:
+    """Teachers hold contiguous chunks of the dataset (by position, not keyed by the record): one
+    record more shifts the chunk boundaries, and many teachers' groups change."""
+    def by_position(dataset, key, teachers):
+        return [i * teachers // len(dataset) for i in range(len(dataset))]
+
+    with mock.patch.object(voting, "_assign", by_position):
+        yield
+
+
+@contextlib.contextmanager
+def threshold_not_charged() -> Iterator[None]:
+    """Confident GNMax charges the answer (GNMax) only, as if the threshold step were free."""
+    with mock.patch.object(voting.ConfidentGNMax, "event", lambda self, queries=1: self.answer.event(queries)):
+        yield
+
+
+VOTING_MUTANTS = {"correct": correct, "noise std x 0.5": voting_half_noise,
+                  "votes counted twice": votes_counted_twice, "charge skipped": voting_charge_skipped,
+                  "partition by position": partition_by_position,
+                  "threshold step not charged": threshold_not_charged}
+# The mutants each voting row must flag (a row where a mutant changes nothing is not listed for it:
+# the gnmax row charges no threshold step; in the confident row every background teacher abstains,
+# so a partition by position moves no vote).
+VOTING_CAUGHT = {
+    "gnmax": ("noise std x 0.5", "votes counted twice", "charge skipped", "partition by position"),
+    "confident": ("noise std x 0.5", "votes counted twice", "charge skipped", "threshold step not charged"),
+}
+
+
+def _row(label: str, code: str, result) -> str:
+    ratio = f"{result.eps_lb / result.claimed_epsilon:.2f}" if result.claimed_epsilon > 0 else "-"
+    return (f"| {label} | {code} | {'**yes**' if result.violation else 'no'} | {result.runs_per_arm} | "
+            f"{result.eps_lb:.3f} | {result.claimed_epsilon:.3f} | {ratio} |")
+
+
 def table() -> str:
     rows = ["| mechanism | code | flagged | runs (members) | eps_lb | claim | eps_lb / claim |",
             "|---|---|---|---|---|---|---|"]
@@ -124,14 +207,22 @@ def table() -> str:
         for label, mutant in MUTANTS.items():
             with mutant():
                 result = run_audit(name)
-            ratio = f"{result.eps_lb / result.claimed_epsilon:.2f}" if result.claimed_epsilon > 0 else "-"
-            rows.append(f"| {name} (q = {settings['sampling_rate']:g}) | {label} | "
-                        f"{'**yes**' if result.violation else 'no'} | {result.runs_per_arm} | "
-                        f"{result.eps_lb:.3f} | {result.claimed_epsilon:.3f} | {ratio} |")
+            rows.append(_row(f"{name} (q = {settings['sampling_rate']:g})", label, result))
+    return "\n".join(rows) + "\n\n" + voting_table()
+
+
+def voting_table() -> str:
+    rows = ["| mechanism | code | flagged | runs (members) | eps_lb | claim | eps_lb / claim |",
+            "|---|---|---|---|---|---|---|"]
+    for name, settings in VOTING_SETTINGS.items():
+        for label in ("correct", *VOTING_CAUGHT[name]):
+            with VOTING_MUTANTS[label]():
+                result = run_voting_audit(name)
+            rows.append(_row(f"voting {name} (delta = {settings['delta']:g})", label, result))
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    print(table())
+    print(voting_table() if sys.argv[1:] == ["--voting"] else table())
     print(f"\n({time.perf_counter() - started:.0f} s)")

@@ -32,6 +32,7 @@ MODULES = (
     "dp_textgrad.privacy.data",
     "dp_textgrad.privacy.noise",
     "dp_textgrad.privacy.mechanisms",
+    "dp_textgrad.privacy.voting",
     "dp_textgrad.dp_es.scorer",
     "dp_textgrad.dp_es.scoring_backends",
     "dp_textgrad.dp_es.selector",
@@ -43,14 +44,19 @@ MODULES = (
     "dp_textgrad.tasks.synthetic",
     "dp_textgrad.tasks.loaders",
     "dp_textgrad.tasks.registry",
+    "dp_textgrad.tasks.scored",
     "dp_textgrad.engines.base",
     "dp_textgrad.engines.llama_cpp",
     "dp_textgrad.engines.openai_engine",
     "dp_textgrad.federated",
     "dp_textgrad.audit",
+    "dp_textgrad.integrations.guarantee",
+    "dp_textgrad.integrations.dspy",
+    "dp_textgrad.integrations.dspy.optimizer",
+    "dp_textgrad.integrations.gepa",
 )
 # Packages whose names are re-exports: each name is listed with the module that defines it.
-REEXPORTING = ("dp_textgrad", "dp_textgrad.audit", "dp_textgrad.dp_es.mutation")
+REEXPORTING = ("dp_textgrad", "dp_textgrad.audit", "dp_textgrad.dp_es.mutation", "dp_textgrad.integrations.dspy")
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "api.md"
 

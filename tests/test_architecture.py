@@ -32,7 +32,8 @@ LAYERS: dict[int, tuple[str, ...]] = {
     5: ("distributed", "lifetime_link", "report", "run_events", "tracking"),  # around one search: Ray scoring,
     # a dataset's lifetime store, the report, the run's event stream and the trackers that observe it
     6: ("settings", "workflow"),  # one run: the sections that build its parts; the run from plan to run directory
-    7: ("front", "federated", "audit"),  # what is built on runs: the front door, federated runs, audits
+    7: ("front", "federated", "audit", "integrations"),  # what is built on runs: the front door, federated runs,
+    # audits, and the DSPy and GEPA integrations
     8: ("cli",),  # the command line, which no library module imports
 }
 

@@ -20,6 +20,10 @@ needs_llama = pytest.mark.skipif(
     importlib.util.find_spec("llama_cpp") is None,
     reason="llama_cpp is not installed (pip install -e '.[local]')",
 )
+needs_dspy = pytest.mark.skipif(
+    importlib.util.find_spec("dspy") is None,
+    reason="dspy is not installed (pip install -e '.[dspy]')",
+)
 
 
 def execute_notebook(name: str, workdir: Path) -> nbformat.NotebookNode:
@@ -47,7 +51,7 @@ def _outputs_text(notebook: nbformat.NotebookNode) -> str:
 
 
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "budget_planning.ipynb", "custom_task.ipynb",
-                                  "extraction.ipynb"])
+                                  "extraction.ipynb", "dspy.ipynb"])
 def test_notebook_is_committed_without_outputs(name: str) -> None:
     notebook = nbformat.read(EXAMPLES / name, as_version=4)
     nbformat.validate(notebook)
@@ -100,6 +104,21 @@ def test_extraction_notebook_runs(tmp_path: Path) -> None:
     spent = re.search(r"epsilon spent: ([0-9.]+) of ([0-9.]+)", text)
     assert spent and float(spent.group(1)) <= float(spent.group(2))
     assert re.search(r"test exact \(n=40\): seed [0-9.]+ \[", text) and "McNemar p =" in text
+    assert not list(tmp_path.iterdir()), "the notebook must not write into its working directory"
+
+
+@pytest.mark.slow
+@needs_llama
+@needs_dspy
+def test_dspy_notebook_runs(tmp_path: Path) -> None:
+    text = _outputs_text(execute_notebook("dspy.ipynb", tmp_path))
+    copied = re.search(r"LabeledFewShot: (\d+) of 24 private messages in the saved program", text)
+    assert copied and int(copied.group(1)) > 0  # the stock optimizer ships private records
+    assert "DPES: 0 of 24 private messages in the saved program" in text
+    spent = re.search(r"guarantee: epsilon = ([0-9.]+) at delta = ", text)
+    assert spent and float(spent.group(1)) <= 4.0 + 1e-9
+    assert re.search(r"test accuracy \(n=20\): seed instruction [0-9.]+, DPES [0-9.]+, LabeledFewShot [0-9.]+", text)
+    assert "instruction and guarantee survive save/load: True" in text
     assert not list(tmp_path.iterdir()), "the notebook must not write into its working directory"
 
 

@@ -43,6 +43,16 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
                 f"preflight: the engine's server cannot be reached, before anything was charged: "
                 f"{' '.join(str(exc).split())}"
             ) from None
+    if hasattr(task, "probe"):  # a task scored by the caller's pipeline (tasks.scored) checks itself, if it can
+        try:
+            if callable(task.probe):
+                task.probe(prompt)
+        except Exception as exc:  # public probe: its error text holds no private data
+            raise PreflightError(
+                f"preflight: the task's pipeline failed on a public probe before anything was charged "
+                f"({type(exc).__name__}: {' '.join(str(exc).split())})"
+            ) from None
+        return
     count_tokens, truncate = length_tools(engine)
     cap = max_record_tokens
     probe = truncate(" ".join(["word"] * (2 * cap)), cap)

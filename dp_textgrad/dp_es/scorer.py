@@ -395,6 +395,8 @@ class DPScorer:
             and bool(getattr(self.engine, "deterministic_scores", False))
             # a generation task that samples (temperature > 0) gives other outputs on a replay
             and float(getattr(self.task, "temperature", 0.0)) == 0.0
+            # a caller's pipeline (tasks.scored) replays only when it says it is deterministic
+            and bool(getattr(self.task, "deterministic", True))
         )
 
     def _released(

@@ -28,8 +28,9 @@ broken mechanism, for checking that the audit can fail.
 
 The audits live in :mod:`~dp_textgrad.audit.mechanism_audits.gaussian_scores`,
 :mod:`~dp_textgrad.audit.mechanism_audits.selection`,
-:mod:`~dp_textgrad.audit.mechanism_audits.controller_loop` and (the real scorer at q < 1)
-:mod:`~dp_textgrad.audit.mechanism_audits.dp_scorer`, their shared pieces in
+:mod:`~dp_textgrad.audit.mechanism_audits.controller_loop`, (the real scorer at q < 1)
+:mod:`~dp_textgrad.audit.mechanism_audits.dp_scorer` and (the teacher vote: keyed partition,
+GNMax, confident GNMax) :mod:`~dp_textgrad.audit.mechanism_audits.voting`, their shared pieces in
 :mod:`~dp_textgrad.audit.mechanism_audits.trials`; :mod:`~dp_textgrad.audit.mechanism_audits.suite`
 runs them all (:func:`~dp_textgrad.audit.mechanism_audits.suite.run_mechanism_audits`).
 """

@@ -1,0 +1,213 @@
+"""Tasks scored by the caller's own function: how a DSPy program, a GEPA adapter or any pipeline
+plugs into DP-ES.
+
+A :class:`ScoredTask` knows nothing of how a prompt meets a record: ``score_record(prompt,
+record)`` runs the caller's pipeline on ONE record with the candidate prompt and returns its
+score in [0, 1] (or ``(score, category)``). The task clips the score to [0, C] and puts each
+record in one public failure category, so one record still moves a score sum by at most C and
+adds exactly one unit to the failure histogram, whatever the pipeline does.
+
+Rules the pipeline must keep (the integrations keep them; a custom pipeline must too): a call
+sees one record and public text only (the prompt, public demonstrations, public settings); it
+writes nothing computed from the record anywhere (no disk cache, no history, no callbacks, no
+logging); and it raises only for faults of the machinery (a server that is down), which stop
+the run with a message quoting no record. A malformed output or a failing metric is a score of
+0 in the ``unparsed`` category, decided inside ``score_record``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
+from dp_textgrad.tasks.base import Example, FeedbackSpec
+
+if TYPE_CHECKING:
+    from dp_textgrad.engines.base import Engine
+
+#: The public failure categories of a scored task (name -> one-line description).
+SCORED_CATEGORIES: dict[str, str] = {
+    "correct": "the output got full marks",
+    "partial": "the output got part of the marks",
+    "wrong": "the output got no marks",
+    "unparsed": "the output could not be parsed, or the metric failed on it",
+}
+
+#: What ``score_record`` returns: a score in [0, 1], or a score and a category name.
+RecordScore = float | tuple[float, str]
+
+
+@dataclass(frozen=True)
+class ScoredExample(Example):
+    """A public example of a scored task: ``payload`` is the caller's own record (a
+    ``dspy.Example``, a GEPA data instance); ``text`` its public rendering as a demonstration."""
+
+    label: str = ""
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class ScoredOutcomes:
+    """What one candidate did on a batch of records (private until noised): clipped scores in
+    [0, C] and each record's category index in ``SCORED_CATEGORIES`` order."""
+
+    scores: np.ndarray
+    categories: np.ndarray
+
+
+def category_of(value: Any, categories: Sequence[str]) -> tuple[float, int]:
+    """A score (or ``(score, category)``) as a clipped score in [0, 1] and a category index.
+
+    The same rule for every record: a non-number or NaN is 0, unparsed; a named category that
+    is not one of ``categories`` falls back to the score's own category."""
+    named: str | None = None
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], str):
+        value, named = value
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        score = math.nan
+    if not math.isfinite(score):
+        return 0.0, list(categories).index("unparsed") if "unparsed" in categories else len(categories) - 1
+    score = min(max(score, 0.0), 1.0)
+    if named is not None and named in categories:
+        return score, list(categories).index(named)
+    default = "correct" if score >= 1.0 else "wrong" if score <= 0.0 else "partial"
+    return score, list(categories).index(default) if default in categories else len(categories) - 1
+
+
+@dataclass
+class ScoredTask:
+    """A task whose per-record score comes from ``score_record(prompt, record)`` (module docstring).
+
+    ``render_example`` turns a public example's payload into demonstration text (the demo
+    operators put it into candidate prompts); ``threads`` records are scored at once, each call
+    on its own record; ``probe(prompt)`` is a public check run by the preflight before anything is
+    charged (e.g. one call on a public example), raising on a pipeline that cannot run;
+    ``deterministic``: the score is a fixed function of prompt and record (greedy decoding, no
+    sampling), so an interrupted charge can be replayed on a resume instead of charged again.
+    """
+
+    name: str
+    description: str
+    private_train: PrivateDataset[Any]
+    test: list[Any]
+    score_record: Callable[[str, Any], RecordScore]
+    public_examples: list[ScoredExample] = field(default_factory=list)
+    render_example: Callable[[Any], str] | None = None
+    categories: Mapping[str, str] = field(default_factory=lambda: dict(SCORED_CATEGORIES))
+    metric: str = "score"
+    binary: bool = False
+    clip_bound: float = 1.0
+    seed_prompt: str = ""
+    threads: int = 1
+    probe: Callable[[str], None] | None = None
+    deterministic: bool = False
+
+    kind = "generate"
+
+    def __post_init__(self) -> None:
+        if not callable(self.score_record):
+            raise TypeError("score_record: must be a callable (prompt, record) -> score in [0, 1]")
+        if not (self.clip_bound > 0 and math.isfinite(self.clip_bound)):
+            raise ValueError("clip_bound: must be > 0")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"threads: must be an int >= 1, got {self.threads!r}")
+        if not self.categories:
+            raise ValueError("categories: a scored task needs at least one public failure category")
+        if not isinstance(self.private_train, PrivateDataset):
+            raise TypeError("private_train: wrap the private records in dp_textgrad.privacy.data.PrivateDataset")
+        for position, example in enumerate(self.public_examples):
+            if not isinstance(example, ScoredExample):
+                raise TypeError(f"public_examples[{position}]: expected a ScoredExample")
+
+    # -- the protocol's public descriptions ---------------------------------------------
+    @property
+    def labels(self) -> list[str]:
+        return []
+
+    @property
+    def metric_name(self) -> str:
+        return self.metric
+
+    @property
+    def binary_scores(self) -> bool:
+        return self.binary
+
+    @property
+    def feedback(self) -> FeedbackSpec:
+        names = tuple(self.categories)
+        return FeedbackSpec("failures", names, tuple(self.categories[n] for n in names))
+
+    def with_bounded_records(
+        self,
+        count_tokens: Callable[[str], int],
+        truncate: Callable[[str, int], str],
+        max_tokens: int,
+        policy: str = "truncate",
+    ) -> ScoredTask:
+        """Unchanged: the pipeline, not this task, decides how a record becomes model input
+        (a record too long for the model fails inside its own call, the same rule for all)."""
+        if policy not in ("truncate", "reject"):
+            raise ValueError(f"long_records: use 'truncate' or 'reject', got {policy!r}")
+        return self
+
+    # -- rendering (the prompt is the pipeline's instruction; demos are text in it) ----------
+    def render_prefix(self, prompt: str) -> str:
+        return prompt.rstrip() + "\n\n" if prompt.strip() else ""
+
+    def render_record(self, text: str) -> str:
+        return text
+
+    def render_demo(self, example: Example) -> str:
+        payload = getattr(example, "payload", None)
+        if self.render_example is not None and payload is not None:
+            return str(self.render_example(payload))
+        return example.text
+
+    # -- scoring ----------------------------------------------------------------------
+    def _outcomes(self, prompt: str, records: Sequence[Any]) -> ScoredOutcomes:
+        names = list(self.categories)
+
+        def one(record: Any) -> tuple[float, int]:
+            return category_of(self.score_record(prompt, record), names)
+
+        if self.threads > 1 and len(records) > 1:
+            with ThreadPoolExecutor(max_workers=min(self.threads, len(records))) as pool:
+                results = list(pool.map(one, records))
+        else:
+            results = [one(r) for r in records]
+        scores = np.array([s for s, _ in results], dtype=float) * self.clip_bound
+        categories = np.array([c for _, c in results], dtype=int)
+        return ScoredOutcomes(scores=scores.reshape(len(records)), categories=categories.reshape(len(records)))
+
+    def private_outcomes(self, engine: Engine, prompt: str, batch: PrivateBatch[Any]) -> ScoredOutcomes:
+        """Outcomes on private records. Call only from a DP mechanism."""
+        return self._outcomes(prompt, [rec.unwrap() for rec in batch])
+
+    def public_outcomes(self, prompt: str, examples: Sequence[Any]) -> ScoredOutcomes:
+        return self._outcomes(prompt, [e.payload if isinstance(e, ScoredExample) else e for e in examples])
+
+    def feedback_counts(self, outcomes: ScoredOutcomes) -> np.ndarray:
+        """The failure histogram of ``outcomes``: each record adds 1 to its category."""
+        return np.bincount(np.asarray(outcomes.categories, dtype=int), minlength=len(self.categories)).astype(float)
+
+    def public_scores(self, engine: Engine, prompt: str, examples: Sequence[Any]) -> np.ndarray:
+        """Per-record scores in [0, 1] on public or test records (evaluation, no privacy)."""
+        return np.asarray(self.public_outcomes(prompt, examples).scores, dtype=float) / self.clip_bound
+
+    def mean_score(self, engine: Engine, prompt: str, examples: Sequence[Any] | None = None) -> float:
+        """Mean score of ``prompt`` on the test split (research evaluation; not covered by DP)."""
+        examples = self.test if examples is None else examples
+        if not examples:
+            raise ValueError("test: no examples to evaluate on")
+        return float(np.mean(self.public_scores(engine, prompt, examples)))
+
+
+__all__ = ["SCORED_CATEGORIES", "RecordScore", "ScoredExample", "ScoredOutcomes", "ScoredTask", "category_of"]

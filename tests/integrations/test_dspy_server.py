@@ -1,0 +1,180 @@
+"""``DPES`` against the real llama.cpp OpenAI-compatible server on loopback (Gemma 3 270M, a base
+model): DSPy talks to it through ``dspy.LM(..., model_type="text")`` (the completions endpoint;
+the chat endpoint answers a base model with empty text) and :class:`CompletionAdapter`. A
+``dspy.Predict`` classifier and a ``dspy.ChainOfThought`` extractor compile with the ledger equal
+to the plan, and the compiled programs run; once more with one of our engines (``OpenAIEngine``
+on the same server) running the program through :class:`EngineLM`.
+
+Tiny runs (a dozen records, one or two generations, population 2): the point is that the whole
+road works on a real server, not what a 270M base model learns.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+dspy = pytest.importorskip("dspy", reason="needs the [dspy] extra: pip install -e '.[dspy]'")
+
+from dp_textgrad.integrations.dspy import DPES, CompletionAdapter, DPGuarantee  # noqa: E402
+from dp_textgrad.privacy.accounting.events import group_events  # noqa: E402
+from tests.conftest_openai import LLAMA_MODEL_ALIAS, llama_server  # noqa: E402,F401
+from tests.dp_es.test_generation_privacy import charges, planned_atoms  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+RUN = dict(
+    epsilon=3.0,
+    generations=1,
+    population=2,
+    parents=1,
+    elites=0,
+    sampling_rate=1.0,
+    seed=1,
+    insecure_noise_seed=5,
+    auto=None,
+)
+
+POSITIVE = [
+    "a wonderful, moving film",
+    "I loved every minute",
+    "a delightful story",
+    "great acting and a fine plot",
+    "warm, funny and bright",
+    "the best film this year",
+]
+NEGATIVE = [
+    "boring and dull",
+    "I hated every minute",
+    "a tedious mess",
+    "bad acting and a weak plot",
+    "cold, flat and grey",
+    "the worst film this year",
+]
+PEOPLE = [
+    ("Dr. Maria Lopez met the team on Monday.", "Maria Lopez"),
+    ("John Smith wrote the report.", "John Smith"),
+    ("The award went to Priya Natarajan.", "Priya Natarajan"),
+    ("Ask Tom Becker about the budget.", "Tom Becker"),
+    ("Lena Hoffmann signed the lease.", "Lena Hoffmann"),
+    ("Our guide was Kwame Mensah.", "Kwame Mensah"),
+    ("Yuki Tanaka won the race.", "Yuki Tanaka"),
+    ("The letter came from Omar Haddad.", "Omar Haddad"),
+    ("Sofia Rossi opened the shop.", "Sofia Rossi"),
+    ("Call Ines Duarte tomorrow.", "Ines Duarte"),
+]
+
+
+def text_lm(server: Any, max_tokens: int = 8) -> Any:
+    """DSPy's own LM in text (completions) mode against the server, DSPy's response cache off."""
+    return dspy.LM(
+        f"openai/{LLAMA_MODEL_ALIAS}",
+        api_base=server.base_url,
+        api_key="local",
+        model_type="text",
+        temperature=0.0,
+        max_tokens=max_tokens,
+        cache=False,
+        num_retries=0,
+    )
+
+
+def sentiment(text: str, label: str) -> Any:
+    return dspy.Example(text=text, sentiment=label).with_inputs("text")
+
+
+def sentiment_metric(example: Any, prediction: Any, trace: Any = None) -> bool:
+    return str(prediction.sentiment).strip().lower() == example.sentiment
+
+
+def person_metric(example: Any, prediction: Any, trace: Any = None) -> float:
+    return float(example.person.lower() in str(prediction.person).lower())
+
+
+def check_ledger_is_the_plan(dpes: DPES) -> None:
+    outcome = dpes.outcome
+    assert outcome is not None
+    assert group_events(outcome.optimizer.ledger.events) == group_events([outcome.optimizer.plan.event])
+    search = [c for c in charges(outcome.run_dir) if c["label"].startswith(("generation ", "final "))]
+    assert search and [c["event"] for c in search] == planned_atoms(outcome.run_dir)
+
+
+def classifier_data() -> tuple[list[Any], list[Any]]:
+    public = [sentiment("a fine, happy film", "positive"), sentiment("a dull, sad film", "negative")]
+    private = [sentiment(t, "positive") for t in POSITIVE] + [sentiment(t, "negative") for t in NEGATIVE]
+    return public, private
+
+
+def test_a_predict_classifier_compiles_against_the_server(llama_server, tmp_path: Path) -> None:  # noqa: F811
+    public, private = classifier_data()
+    dpes = DPES(
+        sentiment_metric,
+        lm=text_lm(llama_server),
+        adapter=CompletionAdapter(),
+        public_trainset=public,
+        dataset_size=len(private),
+        runs_root=tmp_path,
+        **RUN,
+    )
+    compiled = dpes.compile(dspy.Predict("text -> sentiment"), trainset=private)
+    check_ledger_is_the_plan(dpes)
+    assert compiled.signature.instructions == dpes.outcome.result.prompt
+    assert DPGuarantee.of(compiled).epsilon <= 3.0 + 1e-9
+    with dspy.context(lm=text_lm(llama_server), adapter=CompletionAdapter()):
+        answer = compiled(text="a lovely, joyful film").sentiment
+    assert isinstance(answer, str) and answer.strip()
+
+
+def test_a_chain_of_thought_extractor_compiles_against_the_server(llama_server, tmp_path: Path) -> None:  # noqa: F811
+    public = [
+        dspy.Example(
+            text="Prof. Ana Ruiz spoke at noon.", reasoning="The sentence names the speaker.", person="Ana Ruiz"
+        ).with_inputs("text")
+    ]
+    private = [dspy.Example(text=text, person=person).with_inputs("text") for text, person in PEOPLE]
+    dpes = DPES(
+        person_metric,
+        lm=text_lm(llama_server, max_tokens=24),
+        adapter=CompletionAdapter(),
+        public_trainset=public,
+        dataset_size=len(private),
+        runs_root=tmp_path,
+        **RUN,
+    )
+    compiled = dpes.compile(dspy.ChainOfThought("text -> person"), trainset=private)
+    check_ledger_is_the_plan(dpes)
+    assert compiled.predict.signature.instructions == dpes.outcome.result.prompt
+    with dspy.context(lm=text_lm(llama_server, max_tokens=24), adapter=CompletionAdapter()):
+        prediction = compiled(text="Nadia Petrova fixed the roof.")
+    assert isinstance(prediction.person, str) and isinstance(prediction.reasoning, str)
+
+
+def test_dpes_runs_the_program_through_our_own_engine(llama_server, tmp_path: Path) -> None:  # noqa: F811
+    from dp_textgrad.engines.openai_engine import OpenAIEngine
+
+    public, private = classifier_data()
+    with OpenAIEngine(
+        LLAMA_MODEL_ALIAS,
+        base_url=llama_server.base_url,
+        mode="completions",
+        max_concurrency=1,
+        timeout=120,
+        max_retries=1,
+        default_max_tokens=8,
+    ) as engine:
+        dpes = DPES(
+            sentiment_metric,
+            engine=engine,
+            instruction_following=False,
+            adapter=CompletionAdapter(),
+            public_trainset=public,
+            dataset_size=len(private),
+            runs_root=tmp_path,
+            **RUN,
+        )
+        compiled = dpes.compile(dspy.Predict("text -> sentiment"), trainset=private)
+        check_ledger_is_the_plan(dpes)
+        assert engine.usage.calls >= len(private)  # the program's calls went through the engine
+    assert compiled.signature.instructions == dpes.outcome.result.prompt
