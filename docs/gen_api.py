@@ -39,6 +39,7 @@ MODULES = (
     "dp_textgrad.dp_es.population",
     "dp_textgrad.dp_es.generation",
     "dp_textgrad.dp_es.mutation",
+    "dp_textgrad.dp_es.labelling",
     "dp_textgrad.workflow",
     "dp_textgrad.tasks.base",
     "dp_textgrad.tasks.synthetic",

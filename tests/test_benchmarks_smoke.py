@@ -106,3 +106,38 @@ def test_federated_results_keep_each_run_and_pair_placements_by_seed(tmp_path: P
     assert restore_runs(results, work) == 6
     assert restore_runs(results, work) == 0  # nothing twice
     assert [r["test_accuracy"] for r in read_runs(work)] == [r["test_accuracy"] for r in rows]
+
+
+def test_voting_cost_simulation_smoke() -> None:
+    """benchmarks/voting_cost.py's simulations at a tiny size: no noise is the majority, noise costs accuracy."""
+    import numpy as np
+
+    from benchmarks.voting_cost import dp_accuracy, sigma_for, simulate_teachers
+
+    histograms, gold = np.array([[9, 1], [2, 8], [4, 6]]), np.array([0, 1, 0])
+    assert dp_accuracy(histograms, gold, 1e-9, 200) == pytest.approx(2 / 3)  # the majority, wrong on the last
+    assert 0.45 < dp_accuracy(histograms, gold, 50.0, 4000) < 0.6  # noise far above the margins: near chance
+    sharp = simulate_teachers(np.array([0.8, 0.9]), 100, 1e-9, 500)
+    assert sharp["dp_accuracy"] == pytest.approx(1.0) and sharp["majority_accuracy"] == pytest.approx(1.0)
+    assert simulate_teachers(np.array([0.8]), 100, sigma_for(0.25, 1000, 100), 2000)["dp_accuracy"] < 0.9
+
+
+@pytest.mark.slow
+def test_dspy_utility_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("dspy", reason="needs the [dspy] extra: pip install 'dp-textgrad[dspy]'")
+    pytest.importorskip("llama_cpp", reason="needs the [local] extra: pip install 'dp-textgrad[local]'")
+    output = tmp_path / "dspy_utility.json"
+    run_script(REPO_ROOT / "benchmarks" / "dspy_utility.py", "--n-private", "12", "--n-test", "6", "--seeds", "0",
+               "--epsilons", "4", "--generations", "1", "--population", "2", "--threads", "1",
+               "--output", str(output), timeout=600, cwd=tmp_path)
+    result = json.loads(output.read_text())
+    methods = {"seed", "fewshot_public", "fewshot_private", "dpes_nonprivate", "dpes_eps4"}
+    assert set(result["summary"]) == methods
+    scored = [run for run in result["runs"] if "accuracy" in run]
+    assert {run["method"] for run in scored} == methods and all(len(run["outcomes"]) == 6 for run in scored)
+    # The stock optimizer copies private records into the program; DPES never does.
+    leaked = {run["method"]: run["private_records_in_program"] for run in scored}
+    assert leaked["fewshot_private"] > 0
+    assert leaked["dpes_eps4"] == leaked["dpes_nonprivate"] == leaked["fewshot_public"] == 0
+    released = [run for run in result["runs"] if run.get("method") == "dpes_eps4" and "epsilon_spent" in run]
+    assert released and released[0]["epsilon_spent"] <= 4.0 + 1e-9 and released[0]["differentially_private"]
