@@ -233,6 +233,9 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
         method = method.removesuffix("_noshrink")
     flat_start = method.endswith("_flatstart")
     method = method.removesuffix("_flatstart")
+    if method.endswith("_warmup"):  # a public warm-up of 2 generations on the public examples first
+        settings.update(warmup_generations=2)
+        method = method.removesuffix("_warmup")
     if method == "nonprivate":
         settings.update(privacy="off")
     elif method.startswith("dp_gaussian_eps"):
@@ -598,7 +601,7 @@ def write_summary(rows: list[dict[str, Any]], output: Path, schedule: Schedule, 
         public_rows.append(row)
     result = {
         "benchmark": "privacy_utility",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": command,
         "code_version": code_version(),
         "machine": machine_summary(),

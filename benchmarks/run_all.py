@@ -34,6 +34,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "privacy_utility": [],
     "federated": [],  # after privacy_utility: its simulated part fits the measured accuracies
     "voting_cost": ["--threads", "2"],
+    # after privacy_utility: its public_dpes reference reuses privacy_utility_powered.json's runs
+    "labelling_utility": ["--threads", "2"],
     "dspy_utility": ["--n-private", "300", "--n-test", "100", "--seeds", "0", "1", "2", "--epsilons", "4", "1",
                      "--threads", "2", "--output", str(HERE / "results" / "dspy_utility_support.json")],
 }

@@ -40,6 +40,8 @@ MODULES = (
     "dp_textgrad.dp_es.generation",
     "dp_textgrad.dp_es.mutation",
     "dp_textgrad.dp_es.labelling",
+    "dp_textgrad.dp_es.labelling_phase",
+    "dp_textgrad.dp_es.warmup",
     "dp_textgrad.workflow",
     "dp_textgrad.tasks.base",
     "dp_textgrad.tasks.synthetic",

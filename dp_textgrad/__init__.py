@@ -37,6 +37,7 @@ _EXPORTS = {
     "EvolutionController": "dp_textgrad.dp_es.optimizer",
     "ConfigError": "dp_textgrad.dp_es.config",
     "DPESConfig": "dp_textgrad.dp_es.config",
+    "LabellingConfig": "dp_textgrad.dp_es.config",
     # engines
     "LlamaCppEngine": "dp_textgrad.engines.llama_cpp",
     "OpenAIEngine": "dp_textgrad.engines.openai_engine",

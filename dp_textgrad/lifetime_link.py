@@ -214,7 +214,7 @@ def attach(
     before = store.total(dataset, delta, exclude_run=None if resume else run_id)
     # What this run may still spend: all of its plan, or (resumed, or N counted already) what is left.
     started = resume or bool(ledger.entries)
-    remaining = optimizer.plan.remaining_event(optimizer.generation) if started else optimizer.plan.event
+    remaining = optimizer.remaining_event() if started else optimizer.plan.event
     projected = store.total(dataset, delta, extra=[remaining] if remaining is not None else [])
     # The filter bound decides (valid over adaptively chosen runs); the tightest total is information.
     if options.cap is not None and projected.filter_epsilon > options.cap and not options.override_cap:

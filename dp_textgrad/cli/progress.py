@@ -185,6 +185,20 @@ class ConsoleDisplay:
                 else "rejected before any charge."
             )
         )
+        if cfg.labelling is not None:  # public settings (teachers: given, or from the declared or counted N)
+            lab = cfg.labelling
+            kind = "confident GNMax" if lab.threshold is not None else "GNMax"
+            console.print(
+                f"[bold]Labelling[/]: {lab.queries} public inputs labelled first by a noisy vote ({kind}) of "
+                f"{lab.teachers} teachers, each showing up to {lab.max_demos} of its own private records; "
+                f"calibrated to {lab.epsilon_share:g} of epsilon, composed with the search (labels.json)."
+            )
+            from dp_textgrad.dp_es.labelling_phase import noise_warning
+            from dp_textgrad.dp_es.plan import RunPlan
+
+            warning = noise_warning(RunPlan(cfg, None).labelling_sigma, lab.teachers)
+            if warning is not None:
+                console.print(f"[yellow]Warning[/]: {warning}.")
         if self.scoring_actors is not None:  # public settings only: the actor count, never what each one scored
             console.print(
                 f"[bold]Scoring[/]: private records partitioned over {self.scoring_actors} Ray actors; "
@@ -249,6 +263,12 @@ def print_outcome(console: Console, outcome) -> None:
         console.print(
             f"[bold]Privacy spent[/]: epsilon = {result.epsilon:.4g}, delta = {result.delta:.2e} "
             f"(smallest valid bound; {by})"
+        )
+    labelling = getattr(result, "labelling", None)
+    if labelling:  # DP outputs and public parameters only (labels.json)
+        console.print(
+            f"[bold]DP labels[/]: {labelling['answered']} of {labelling['queries']} public inputs answered by "
+            f"the teachers' vote (epsilon {labelling['epsilon']:.3g} alone); they were the search's demonstrations."
         )
     if outcome.evaluation is not None:
         from dp_textgrad.report.fmt import INTERVAL_LABELS, metric_label

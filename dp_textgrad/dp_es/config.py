@@ -17,6 +17,8 @@ PrivacyKind = Literal["dp", "off"]
 LongRecords = Literal["truncate", "reject"]
 
 DEFAULT_EXPECTED_BATCH = 150
+DEFAULT_LABELLING_QUERIES = 16
+DEFAULT_LABELLING_SHARE = 0.5
 # The default delta when N is not declared: it must not depend on the private count.
 DEFAULT_DELTA = 1e-5
 
@@ -52,6 +54,89 @@ def config_with(config: DPESConfig | None, settings: Mapping[str, Any]) -> DPESC
         return DPESConfig(**{**config.model_dump(), **settings}) if settings else config.model_copy()
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+
+
+class LabellingConfig(BaseModel):
+    """The labelling phase (``dp.labelling``): DP labels for a task's public unlabelled inputs by a
+    noisy vote of teachers, each teacher the task's prompt with a few records of its own disjoint
+    group of the private data (``docs/privacy.md``, "Demonstrations from private labels").
+
+    It spends ``epsilon_share`` of the budget (calibrated alone at the run's delta); the search is
+    calibrated to the rest, the two composed by the run's accountant (one stage, one ledger).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    teachers: int | None = Field(
+        None,
+        ge=2,
+        le=10_000,
+        description="number of teachers (disjoint groups of the private records); default from the "
+        "public N: N / 20, between 10 and 100",
+    )
+    queries: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="public inputs to label (the first ones of the task's public_inputs); default "
+        f"min({DEFAULT_LABELLING_QUERIES}, the number of public inputs)",
+    )
+    epsilon_share: float = Field(
+        DEFAULT_LABELLING_SHARE,
+        description="share of epsilon the labelling is calibrated to (0 < share < 1); the search gets the rest",
+    )
+    threshold: float | None = Field(
+        None, description="confident GNMax: answer only where the noisy top vote count reaches this (teachers)"
+    )
+    threshold_sigma: float | None = Field(
+        None, gt=0, description="confident GNMax: the noise of the threshold step (in votes); with threshold"
+    )
+    max_demos: int = Field(6, ge=1, le=64, description="demonstrations of its own group in a teacher's prompt")
+
+    @field_validator("epsilon_share")
+    @classmethod
+    def _share_in_unit_interval(cls, value: float) -> float:
+        if not math.isfinite(value) or not 0 < value < 1:
+            raise ValueError(f"epsilon_share must be in (0, 1), got {value}; the search needs the rest of the budget")
+        return value
+
+    @model_validator(mode="after")
+    def _threshold_pair(self) -> LabellingConfig:
+        if (self.threshold is None) != (self.threshold_sigma is None):
+            raise ValueError(
+                "threshold, threshold_sigma: give both (confident GNMax: answer only where the teachers agree) "
+                "or neither (GNMax: every input gets a label)"
+            )
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a finite number of votes, got {self.threshold}")
+        return self
+
+    def resolved(self, public_inputs: int, dataset_size: int) -> LabellingConfig:
+        """A copy with ``queries`` and ``teachers`` filled in from public values: the number of
+        public inputs and the public N (declared, or the DP count)."""
+        if public_inputs < 1:
+            raise ValueError(
+                "task.public_inputs: dp.labelling needs public unlabelled inputs to label; give a file of "
+                "them (task.public_inputs) or remove dp.labelling"
+            )
+        queries = min(DEFAULT_LABELLING_QUERIES, public_inputs) if self.queries is None else self.queries
+        if queries > public_inputs:
+            raise ValueError(
+                f"dp.labelling.queries: {queries} inputs to label, but the task has {public_inputs} public "
+                "inputs; lower queries or add public inputs"
+            )
+        teachers = default_teachers(dataset_size) if self.teachers is None else self.teachers
+        return self.model_copy(update={"queries": queries, "teachers": teachers})
+
+
+def default_teachers(dataset_size: int) -> int:
+    """The default number of teachers for a public N: about 20 records each, 10 to 100 teachers.
+
+    More teachers make the vote more robust to noise (a margin of more votes), fewer give each
+    teacher more records to show; on SST-2 (2,000 records) 100 teachers of 20 labelled best
+    (docs/benchmarks.md, "Teacher votes"). Teachers change no event: only the labels' quality.
+    """
+    return int(min(100, max(10, dataset_size // 20)))
 
 
 class DPESConfig(BaseModel):
@@ -140,6 +225,19 @@ class DPESConfig(BaseModel):
         "data-independent map) or 'reject' the data before anything is charged",
     )
 
+    labelling: LabellingConfig | None = Field(
+        None,
+        description="DP labels for the task's public unlabelled inputs by a noisy teacher vote, spent "
+        "before the search; the labelled inputs become public demonstrations (default: off)",
+    )
+    warmup_generations: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="a non-private search on the public labelled examples alone (no private record is "
+        "read, nothing is charged) before the DP phase; its best prompts join generation 0",
+    )
+
     @field_validator("epsilon")
     @classmethod
     def _finite_positive_epsilon(cls, value: float) -> float:
@@ -190,6 +288,11 @@ class DPESConfig(BaseModel):
         strategy = SELECTION_STRATEGIES[self.selection]
         if self.privacy == "off" and not strategy.releases_scores:
             raise ValueError("privacy: 'off' ranks candidates by exact scores; set selection='gaussian'")
+        if self.privacy == "off" and self.labelling is not None:
+            raise ValueError(
+                "labelling: the teacher vote is a DP mechanism and privacy 'off' has none; remove dp.labelling "
+                "(give public labelled examples to a non-private baseline instead)"
+            )
         if self.privacy == "off" and self.final_selection != "last":
             raise ValueError("privacy: 'off' has no DP final selection; set final_selection='last'")
         if self.feedback != "none" and not strategy.supports_feedback:

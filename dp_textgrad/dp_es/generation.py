@@ -14,6 +14,7 @@ public phase's costs are released.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from dp_textgrad.dp_es.replay import ReplayJournal
 from dp_textgrad.dp_es.reports import UsageMark
 from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.dp_es.scoring_backends import ScoringFactory
+from dp_textgrad.dp_es.warmup import WarmupResult, run_warmup
 from dp_textgrad.privacy.data import PublicText
 from dp_textgrad.privacy.noise import NoiseSource
 
@@ -69,6 +71,7 @@ class GenerationStep:
     scorer: DPScorer
     population: PopulationManager
     mutation: MutationEngine
+    warmup: WarmupResult | None = None  # the public warm-up's outcome, when one ran or was skipped
 
     @classmethod
     def build(
@@ -152,7 +155,9 @@ class GenerationStep:
         return GenerationOutcome(best, choice.parents, public, after_private - before_private)
 
     def initialise(self, seed_text: str) -> None:
-        """Generation 0's population: the seed prompt and public variants of it."""
+        """Generation 0's population: the seed prompt and public variants of it; with
+        ``warmup_generations``, the seed and the best prompts of the public warm-up
+        (:mod:`dp_textgrad.dp_es.warmup`), kept in ``self.warmup``."""
         seed = Candidate(
             id="g0-seed",
             text=str(seed_text),
@@ -162,7 +167,23 @@ class GenerationStep:
             generation=0,
             evaluations=[],
         )
-        variants = self.mutation.variants(seed, self.plan.config.population - 1, generation=0)
+        config = self.plan.config
+        if config.warmup_generations > 0:  # public only: reads no private record, charges nothing
+            self.warmup = run_warmup(
+                seed,
+                task=self.task,
+                engine=self.engine,
+                mutation=self.mutation,
+                generations=config.warmup_generations,
+                population=config.population,
+                parents=config.parents,
+            )
+            if self.warmup.skipped_because is None:  # the seed, then the warm-up's prompts, best first
+                self.population.initialise(seed, seeded=self.warmup.seeding_order())
+                return
+            # The reason names counts of public (or DP-labelled) examples only: releasable.
+            warnings.warn(f"warm-up skipped: {self.warmup.skipped_because}", stacklevel=2)
+        variants = self.mutation.variants(seed, config.population - 1, generation=0)
         self.population.initialise(seed, variants)
 
     def feedback_sentences(self, released: ReleasedScores | None) -> dict[str, list[PublicText]]:

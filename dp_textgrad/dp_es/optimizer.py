@@ -12,16 +12,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import dp_accounting
 import numpy as np
 
 from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
-from dp_textgrad.dp_es import size_count
+from dp_textgrad.dp_es import labelling_phase, size_count
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig, config_with
 from dp_textgrad.dp_es.generation import GenerationStep, no_shrinkage
+from dp_textgrad.dp_es.labelling import DPLabelled
 from dp_textgrad.dp_es.mutation import CritiquePipeline, MutationEngine
 from dp_textgrad.dp_es.plan import RunPlan, decide_llm_operators
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
@@ -102,21 +105,91 @@ class EvolutionController(Optimizer):
         # A public cap on record length, applied before anything is charged (see with_bounded_records).
         self.task = task.with_bounded_records(*length_tools(engine), config.max_record_tokens, config.long_records)
         unsafe_examples = self._unsafe_examples() if config.mode == "unsafe" else ()
-        self.parts = GenerationStep.build(
-            plan,
-            self.task,
-            engine,
-            ledger,
-            self.noise,
-            self.public_rng,
-            scoring=scoring,
-            dataset_size=self.public_dataset_size,
-            mutation=mutation,
-            unsafe_examples=unsafe_examples,
-            run_dir=self.run_dir,
-        )
+        self._build_args: dict[str, Any] = {
+            "scoring": scoring,
+            "mutation": mutation,
+            "unsafe_examples": unsafe_examples,
+        }
+        # A resumed run reads its labels back (never labels again); a fresh one labels at its first step.
+        self.labelled: DPLabelled | None = None
+        if self._labelling_charged() is not None:
+            self._use_labels(labelling_phase.read_labels(self.run_dir))
+        self.parts = self._build_parts()
         if config.mode == "unsafe" and not ledger.unsafe:
             ledger.mark_unsafe("feedback mode 'unsafe': raw private examples reach the mutation LLM")
+
+    def _build_parts(self) -> GenerationStep:
+        return GenerationStep.build(
+            self.plan,
+            self.task,
+            self.engine,
+            self.ledger,
+            self.noise,
+            self.public_rng,
+            dataset_size=self.public_dataset_size,
+            run_dir=self.run_dir,
+            **self._build_args,
+        )
+
+    # -- the labelling phase (dp.labelling) ---------------------------------------------------
+    def _labelling_charged(self) -> int | None:
+        """The ledger index of the labelling phase's charge, or None (not charged yet, or no phase)."""
+        if self.config.labelling is None:
+            return None
+        return next((e.index for e in self.ledger.entries if e.label == labelling_phase.LEDGER_LABEL), None)
+
+    def _use_labels(self, labelled: DPLabelled | None) -> None:
+        """Make the DP-labelled examples public demonstrations of the search (structured start,
+        demonstration operators): post-processing of the vote's release."""
+        self.labelled = labelled
+        if labelled is not None and labelled.examples:
+            task: Any = self.task
+            self.task = replace(task, public_examples=[*task.public_examples, *labelled.examples])
+
+    def remaining_event(self) -> Any:
+        """What this run may still spend: the labelling phase if it has not run, then generations
+        from the current one and the final release."""
+        remaining = self.plan.remaining_event(self.generation)
+        labelling = self.plan.labelling_event
+        if labelling is None or self._labelling_charged() is not None:
+            return remaining
+        return dp_accounting.ComposedDpEvent([labelling, remaining])
+
+    def label(self) -> DPLabelled | None:
+        """Run the labelling phase if the plan has one and it has not run: the checks on public
+        values, a checkpoint, ONE charge, the teachers' vote and the release (``labels.json`` in
+        the run directory). Called by the first :meth:`step`; the search is then built on the
+        DP-labelled examples. Returns the labels (None without a phase)."""
+        plan = self.plan.labelling(len(getattr(self.task, "labels", ())))
+        if plan is None or self._labelling_charged() is not None or self.population.candidates:
+            return self.labelled
+        if not self._preflight_done:
+            self.preflight()
+        self._save_checkpoint()  # before the charge: a run stopped while labelling can be resumed
+        settings = self.config.labelling
+        assert settings is not None  # the plan has a labelling phase
+        started, before = time.perf_counter(), UsageMark.of(self.engine)
+        labelled = labelling_phase.run_labelling(
+            self.task,
+            self.engine,
+            plan,
+            self.ledger,
+            self.noise,
+            settings,
+            self.plan.labelling_epsilons(self.config.resolved_delta),
+        )
+        used = UsageMark.of(self.engine) - before
+        if self.run_dir is not None:  # the teachers read private records: their usage and time are operator-only
+            runs.write_operator_json(
+                self.run_dir.path,
+                labelling_phase.USAGE_NAME,
+                {**used.__dict__, "seconds": time.perf_counter() - started},
+            )
+        labelling_phase.write_labels(self.run_dir, labelled)
+        self._use_labels(labelled)
+        self.parts = self._build_parts()
+        self._save_checkpoint()
+        return self.labelled
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -177,6 +250,8 @@ class EvolutionController(Optimizer):
         if self.generation >= self.config.generations:
             self.stopped_because = "all generations done"
             return None
+        if not self.population.candidates:
+            self.label()  # before the marks: the teachers' usage is private (operator-only)
         started, start = time.perf_counter(), UsageMark.of(self.engine)
         if not self.population.candidates:
             self.initialise_population()
@@ -272,6 +347,7 @@ class EvolutionController(Optimizer):
                 "completion_tokens": sum(h.public_completion_tokens for h in self.history),
             },
             planned_private_evaluations=self.planned_private_evaluations,
+            labelling=None if self.labelled is None else labelling_phase.labels_payload(self.labelled),
         )
 
     def _last_best(self) -> Candidate:
@@ -331,8 +407,12 @@ class EvolutionController(Optimizer):
         self.stopped_because = None
         self.interrupted_charges = state.interrupted_charges
         if state.charges is not None:
-            self.interrupted_charges += max(0, len(self.ledger.entries) - state.charges)
-            self.ledger.expect_replay(state.charges)  # adopted where sound, not charged again (dp_es/replay.py)
+            charges = state.charges
+            labelling = self._labelling_charged()
+            if labelling is not None and labelling >= charges:  # stopped between the labelling and its checkpoint
+                charges = labelling + 1  # a phase of its own, never an interrupted generation's charge
+            self.interrupted_charges += max(0, len(self.ledger.entries) - charges)
+            self.ledger.expect_replay(charges)  # adopted where sound, not charged again (dp_es/replay.py)
         if state.variable_value is not None:
             self.variable.set_value(state.variable_value)
 
@@ -389,6 +469,8 @@ class DPEvolutionStrategy(EvolutionController):
                 )
             }
         )
+        labelled = any(e.label == labelling_phase.LEDGER_LABEL for e in (ledger.entries if ledger else ()))
+        resolved = labelling_phase.resolved_config(resolved, task, labelled)
         if plan is None:
             plan = RunPlan.calibrated(resolved)
         elif plan.config != resolved:

@@ -29,6 +29,7 @@ from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountant
 from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism, SelectionMechanism, selection_mechanism
+from dp_textgrad.privacy.voting import ConfidentGNMax, GNMax, LabellingPlan, VotingMechanism, calibrate_gnmax
 
 
 def decide_llm_operators(declared: bool | None, instruction_following: bool) -> bool:
@@ -99,26 +100,79 @@ class RunPlan:
         return LaplaceCountMechanism(epsilon) if epsilon > 0 else None
 
     @property
+    def labelling_sigma(self) -> float | None:
+        """The GNMax noise of the labelling phase (calibrated to its share alone), or None without one."""
+        settings = self.config.labelling
+        if settings is None or self.strategy.calibrates is None:
+            return None
+        return _labelling_sigma(
+            settings.epsilon_share * self.config.epsilon,
+            self.config.resolved_delta,
+            _resolved_queries(self.config),
+            settings.threshold_sigma,
+        )
+
+    def labelling(self, num_labels: int) -> LabellingPlan | None:
+        """The labelling phase over ``num_labels`` labels (the task's), or None when the run has none.
+
+        Its event depends only on the noise and the number of queries: the teachers and the
+        labels change what is voted, not what is charged."""
+        settings, sigma = self.config.labelling, self.labelling_sigma
+        if settings is None or sigma is None:
+            return None
+        teachers = settings.teachers
+        if teachers is None:
+            raise ConfigError("labelling.teachers: not resolved yet (LabellingConfig.resolved fills it from N)")
+        mechanism: VotingMechanism
+        if settings.threshold is None or settings.threshold_sigma is None:
+            mechanism = GNMax(sigma, num_labels)
+        else:
+            mechanism = ConfidentGNMax(settings.threshold, settings.threshold_sigma, sigma, num_labels)
+        return LabellingPlan(mechanism, _resolved_queries(self.config), teachers)
+
+    @property
+    def labelling_event(self) -> dp_accounting.DpEvent | None:
+        """What the labelling phase charges (one entry), or None when the run has none."""
+        sigma = self.labelling_sigma
+        if sigma is None:
+            return None
+        return _labelling_event(self.config, sigma)
+
+    @property
     def search_event(self) -> dp_accounting.DpEvent:
         """The search (stage 2): every generation's events, then the final release."""
         return self.remaining_event(0)
 
     @property
-    def event(self) -> dp_accounting.DpEvent:
-        """The whole run as the ledger charges it: the count of N first when it is not declared.
-
-        Then every generation's events and the final release (:attr:`search_event`).
-        """
-        count = self.size_count
+    def stage_event(self) -> dp_accounting.DpEvent:
+        """Stage 2 as one ledger stage composes it: the labelling phase (if any), then the search."""
+        labelling = self.labelling_event
         search = self.search_event
-        return search if count is None else dp_accounting.ComposedDpEvent([count.event(), search])
+        return search if labelling is None else dp_accounting.ComposedDpEvent([labelling, search])
+
+    @property
+    def event(self) -> dp_accounting.DpEvent:
+        """The whole run as the ledger charges it: the count of N first when it is not declared,
+        then the labelling phase when there is one, then every generation's events and the final
+        release (:attr:`search_event`)."""
+        count = self.size_count
+        stage = self.stage_event
+        return stage if count is None else dp_accounting.ComposedDpEvent([count.event(), stage])
 
     def epsilons(self, delta: float, accountants: list[Accountant] | None = None) -> dict[str, float]:
         """Each accountant's bound on the whole run at ``delta``: the count's pure epsilon plus
-        the search's bound (basic composition of the two stages, as the ledger reports it)."""
+        the bound of the labelling and the search composed (basic composition of the two
+        stages, as the ledger reports it)."""
         accountants = default_accountants() if accountants is None else accountants
-        search = all_bounds(accountants, [self.search_event], delta)
-        return {name: self.config.size_epsilon + value for name, value in search.items()}
+        stage = all_bounds(accountants, [self.stage_event], delta)
+        return {name: self.config.size_epsilon + value for name, value in stage.items()}
+
+    def labelling_epsilons(self, delta: float, accountants: list[Accountant] | None = None) -> dict[str, float]:
+        """Each accountant's bound on the labelling phase alone at ``delta`` ({} without one)."""
+        event = self.labelling_event
+        if event is None:
+            return {}
+        return all_bounds(default_accountants() if accountants is None else accountants, [event], delta)
 
     def remaining_event(self, start: int) -> dp_accounting.DpEvent:
         """Generations ``start`` .. T-1, then the final release (what a resumed run may still spend)."""
@@ -163,7 +217,14 @@ class RunPlan:
                 f"epsilon: calibration supports {low:g} <= epsilon <= {high:g}, got {config.epsilon:g}; "
                 'choose a budget in that range (for a non-private baseline set privacy = "off")'
             )
-        # The search alone is calibrated, to the budget less the count's (stage 2 of two).
+        labelling = config.labelling
+        if labelling is not None and labelling.epsilon_share * config.epsilon >= config.search_epsilon:
+            raise ConfigError(
+                f"labelling.epsilon_share: {labelling.epsilon_share:g} of epsilon leaves nothing for the search "
+                f"after the count of N ({config.size_epsilon_share:g}); lower it, or declare dataset_size"
+            )
+        # Stage 2 (labelling, if any, then the search) is calibrated to the budget less the count's:
+        # the labelling at its share, the search to what the two composed leave.
         return cls(config, _calibrated_value(_schedule_key(config), config.search_epsilon))
 
 
@@ -181,6 +242,7 @@ _SCHEDULE_FIELDS = (
     "feedback_noise_ratio",
     "privacy",
     "llm_operators",
+    "labelling",
 )  # everything the plan's mechanisms depend on
 
 
@@ -201,6 +263,7 @@ PLAN_INDEPENDENT_FIELDS = frozenset(
         "long_records",
         "size_epsilon_share",
         "counted_dataset_size",
+        "warmup_generations",
     }
 )
 
@@ -215,8 +278,14 @@ def _calibrated_value(key: tuple, search_epsilon: float) -> float:
     calibrate = (
         calibrate_noise_multiplier if strategy_for(config).calibrates == "noise_multiplier" else calibrate_pure_epsilon
     )
+    labelling = RunPlan(config, None if config.labelling is None else 1.0).labelling_event
+
+    def stage(x: float) -> dp_accounting.DpEvent:
+        search = RunPlan(config, x).search_event
+        return search if labelling is None else dp_accounting.ComposedDpEvent([labelling, search])
+
     try:
-        return calibrate(lambda x: RunPlan(config, x).search_event, search_epsilon, config.resolved_delta)
+        return calibrate(stage, search_epsilon, config.resolved_delta)
     except BudgetExceeded:
         raise
     except (ValueError, RuntimeError) as exc:
@@ -224,6 +293,35 @@ def _calibrated_value(key: tuple, search_epsilon: float) -> float:
             f"epsilon: cannot fit the planned schedule into epsilon={config.epsilon}, delta={config.delta} "
             f"({exc}); raise epsilon or lower generations/final_epsilon"
         ) from None
+
+
+def _resolved_queries(config: DPESConfig) -> int:
+    queries = None if config.labelling is None else config.labelling.queries
+    if queries is None:
+        raise ConfigError(
+            "labelling.queries: not resolved yet (LabellingConfig.resolved fills it from the task's public inputs)"
+        )
+    return queries
+
+
+@functools.lru_cache(maxsize=64)
+def _labelling_sigma(epsilon: float, delta: float, queries: int, threshold_sigma: float | None) -> float:
+    try:
+        return calibrate_gnmax(epsilon, delta, queries, threshold_sigma=threshold_sigma)
+    except ValueError as exc:
+        raise ConfigError(
+            f"labelling: cannot fit {queries} teacher votes into their share epsilon={epsilon:g} ({exc}); "
+            "raise labelling.epsilon_share or label fewer inputs (labelling.queries)"
+        ) from None
+
+
+def _labelling_event(config: DPESConfig, sigma: float) -> dp_accounting.DpEvent:
+    settings = config.labelling
+    assert settings is not None
+    queries = _resolved_queries(config)
+    if settings.threshold is None or settings.threshold_sigma is None:
+        return GNMax(sigma, 2).event(queries)
+    return ConfidentGNMax(settings.threshold, settings.threshold_sigma, sigma, 2).event(queries)
 
 
 __all__ = ["CALIBRATION_EPSILON_RANGE", "RunPlan", "decide_llm_operators"]

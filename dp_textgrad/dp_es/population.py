@@ -224,8 +224,14 @@ class PopulationManager:
         return len(self._population)
 
     # -- building ---------------------------------------------------------------------
-    def initialise(self, seed: Candidate | str, variants: Sequence[Candidate] = ()) -> list[Candidate]:
-        """Start from the seed prompt plus deduplicated variants (seed first), up to ``size``."""
+    def initialise(
+        self, seed: Candidate | str, variants: Sequence[Candidate] = (), *, seeded: Sequence[Candidate] = ()
+    ) -> list[Candidate]:
+        """Start from the seed prompt plus deduplicated variants (seed first), up to ``size``.
+
+        ``seeded`` (e.g. the public warm-up's prompts, best first) come right after the seed, in
+        order; ``variants`` fill what is left. Every candidate given is archived, kept or not.
+        """
         if self._archive:
             raise RuntimeError("initialise: the population is already initialised; make a new PopulationManager")
         if isinstance(seed, str):
@@ -235,9 +241,11 @@ class PopulationManager:
         self.generation = seed.generation
         self._population = []
         self._admit(seed)
-        for variant in variants:
+        for variant in (*seeded, *variants):
             self._remember(variant)
-        self._fill([v for v in variants], seen={seed.key})
+        seen = {seed.key}
+        self._fill(list(seeded), seen, ranked=True)
+        self._fill([v for v in variants], seen)
         return self.candidates
 
     def _remember(self, candidate: Candidate) -> None:

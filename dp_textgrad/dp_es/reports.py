@@ -111,6 +111,7 @@ class SearchResult:
     noise: str | None = None
     public_usage: dict[str, int] = field(default_factory=dict)
     planned_private_evaluations: float = 0.0
+    labelling: dict[str, Any] | None = None  # the labelling phase's release (labels.json), if the run had one
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)

@@ -81,8 +81,32 @@ CHANNELS: dict[str, dict[str, str]] = {
         "public_usage": PUBLIC,
         "planned_private_evaluations": DP_OUTPUT,  # from the declared (public) or DP-counted N
         "fewshot": PUBLIC,  # the audit's positive control: says it is NOT private
+        "labelling": DP_OUTPUT,  # the labelling phase's release: labels.json's payload (channel `labelling`)
         "seconds": OPERATOR_ONLY,
         "engine_usage": OPERATOR_ONLY,  # totals include the private phase
+    },
+    # labels.json: the labelling phase's release (dp.labelling, docs/privacy.md "Demonstrations from
+    # private labels"); also the `labelling` field of result.json
+    "labelling": {
+        "mechanism": PUBLIC,  # gnmax | confident_gnmax, and its calibrated parameters
+        "sigma": PUBLIC,
+        "noise_multiplier": PUBLIC,
+        "l2_sensitivity": PUBLIC,
+        "num_labels": PUBLIC,
+        "threshold": PUBLIC,
+        "threshold_sigma": PUBLIC,
+        "max_count_sensitivity": PUBLIC,
+        "queries": PUBLIC,  # the public inputs asked (the first ones of the public pool)
+        "teachers": PUBLIC,  # settings (or the default from the declared or DP-counted N)
+        "max_demos": PUBLIC,
+        "epsilon_share": PUBLIC,
+        "epsilon": PUBLIC,  # the labelling's own bound: a function of its public parameters
+        "epsilons": PUBLIC,
+        "ledger_label": PUBLIC,
+        "inputs": PUBLIC,  # the public inputs asked, in order
+        "labels": DP_OUTPUT,  # per input: the noisy vote's label, or None (not answered)
+        "answered": DP_OUTPUT,  # how many inputs got a label: a function of the labels
+        "examples": DP_OUTPUT,  # the answered inputs with their labels
     },
     # checkpoint.json (meant to be resumable anywhere, so it is released too)
     "checkpoint": {

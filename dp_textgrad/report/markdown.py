@@ -149,6 +149,61 @@ def released(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cell(text: Any, limit: int = 120) -> str:
+    """One table cell of free text: one line, no column separator, at most ``limit`` characters."""
+    flat = " ".join(str(text).split()).replace("|", "/")
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _voting_mechanism(labelling: dict[str, Any]) -> str:
+    sigma = f"vote noise sigma = {sig(labelling.get('sigma'))} votes"
+    if labelling.get("mechanism") == "confident_gnmax":
+        return (
+            f"confident GNMax: {sigma}; answers only where the noisy top count reaches "
+            f"{sig(labelling.get('threshold'))} votes (threshold noise sigma {sig(labelling.get('threshold_sigma'))})"
+        )
+    return f"GNMax (Gaussian noisy argmax): {sigma}"
+
+
+def labelled_demonstrations(result: dict[str, Any]) -> list[str]:
+    """The labelling phase (``result["labelling"]``): its release and the examples it labelled."""
+    labelling = result.get("labelling")
+    if not labelling:
+        return []
+    examples = labelling.get("examples") or []
+    share = labelling.get("epsilon_share")
+    lines = [
+        "## DP-labelled demonstrations",
+        "",
+        f"Before the search, {labelling.get('teachers')} teachers voted a label for each of "
+        f"{labelling.get('queries')} public unlabelled inputs. Each teacher is the task's prompt with up to "
+        f"{labelling.get('max_demos')} records of its own group as demonstrations; the groups are disjoint "
+        "(a keyed hash of the record), so one record changes one teacher's votes. The vote counts were "
+        "released through the noisy mechanism below, and the labelled inputs joined the public "
+        "demonstrations of the search. **The inputs are public; the labels, and which and how many inputs "
+        "were answered, are DP outputs** covered by the guarantee above.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| answered | **{labelling.get('answered')} of {labelling.get('queries')}** public inputs |",
+        f"| teachers | {labelling.get('teachers')} (up to {labelling.get('max_demos')} demonstrations each) |",
+        f"| mechanism | {_voting_mechanism(labelling)} |",
+        f"| labelling epsilon | {sig(labelling.get('epsilon'), 4)} alone (calibrated to a share of "
+        f"{sig(share)} of the budget); composed with the search into the total above |",
+        "",
+    ]
+    if examples:
+        lines += ["| # | public input | DP label |", "|---|---|---|"]
+        lines += [
+            f"| {number} | {_cell(example.get('text', ''))} | {_cell(example.get('label', ''), 60)} |"
+            for number, example in enumerate(examples, start=1)
+        ]
+        lines.append("")
+    else:
+        lines += ["No input was answered: the search ran without DP-labelled demonstrations.", ""]
+    return lines
+
+
 def evaluation(result: dict[str, Any], image: str | None) -> list[str]:
     ev = result.get("evaluation")
     if not ev:
@@ -273,6 +328,7 @@ def build_markdown(
     """The whole report; ``images`` maps a chart's name to the reference to embed."""
     lines = header(run_dir, config, result)
     lines += released(result)
+    lines += labelled_demonstrations(result)
     lines += evaluation(result, images.get(runs.ACCURACY_PLOT_NAME))
     lines += privacy(metrics, images.get(runs.EPSILON_PLOT_NAME))
     lines += generations(metrics, images.get(runs.SCORES_PLOT_NAME))

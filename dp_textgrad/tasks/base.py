@@ -135,7 +135,8 @@ class ClassificationTask:
 
     ``labels`` are the public label names; ``verbalizers`` map each label to the text
     the model should continue with (default: " " + label). ``record_template`` must
-    contain ``{text}`` and end where the label word starts.
+    contain ``{text}`` and end where the label word starts. ``public_inputs`` are public
+    inputs without labels (a labelling phase gives them DP labels, ``dp.labelling``).
     """
 
     name: str
@@ -149,6 +150,8 @@ class ClassificationTask:
     score_kind: ScoreKind = "accuracy"
     clip_bound: float = 1.0
     seed_prompt: str = ""
+    # Public inputs without labels: what a labelling phase (dp.labelling) gives DP labels to.
+    public_inputs: list[str] = field(default_factory=list)
 
     kind = "classify"
 
@@ -175,6 +178,11 @@ class ClassificationTask:
             bad = sorted({ex.label for ex in split if ex.label not in known})
             if bad:
                 raise ValueError(f"{split_name}: unknown labels {bad}; known labels are {self.labels}")
+        bad_inputs = [i for i, text in enumerate(self.public_inputs) if not isinstance(text, str) or not text.strip()]
+        if bad_inputs:
+            raise ValueError(
+                f"public_inputs: item(s) {bad_inputs[:5]} are not text; every public input must be a non-empty string"
+            )
         # Private labels are checked without revealing the records in the message.
         unknown = sum(1 for rec in self.private_train if rec.unwrap().label not in known)
         if unknown:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind, Task
 from dp_textgrad.tasks.benchmark_generation import build_gsm8k, build_snips
-from dp_textgrad.tasks.loaders import build_task_from_files, resolve_data_dir
+from dp_textgrad.tasks.loaders import build_task_from_files, load_classification_file, resolve_data_dir, subsample
 from dp_textgrad.tasks.support_extract import make_support_extract_task
 from dp_textgrad.tasks.synthetic import make_support_task
 
@@ -48,9 +48,49 @@ def build_sst2(
     n_test: int | None = None,
     seed: int = 0,
     score_kind: ScoreKind = "accuracy",
+    public_inputs: int = 0,
 ) -> ClassificationTask:
-    """SST-2: ``train.tsv`` is the private pool (``n_private`` records drawn by ``seed``), ``dev.tsv`` the test set."""
+    """SST-2: ``train.tsv`` is the private pool (``n_private`` records drawn by ``seed``), ``dev.tsv`` the test set.
+
+    ``public_inputs``: how many public unlabelled inputs to add (default none), for a labelling
+    phase (``dp.labelling``): texts of ``train.tsv`` records outside the private draw (which
+    depends on the seed and the file's size only), drawn by a stream of ``seed`` of their own,
+    labels dropped. A benchmark's split of one public corpus into a simulated private part and a
+    public part, fixed before any private computation (the pool never depends on a record's content).
+    """
+    _check_pool_size(public_inputs)
     root = resolve_data_dir(data_dir) / "sst2"
+    task = _sst2_task(root, n_private, n_test, seed, score_kind)
+    if not public_inputs:
+        return task
+    train = load_classification_file(root / "train.tsv", warn_imbalance=False)
+    positions: Any = range(len(train))  # subsample draws positions (seed and size only): the same draw
+    taken: set[Any] = set(subsample(positions, n_private, seed))
+    rest = [i for i in range(len(train)) if i not in taken]
+    return _with_pool(task, [train[i].text for i in rest], public_inputs, seed)
+
+
+def _check_pool_size(public_inputs: int) -> None:
+    if isinstance(public_inputs, bool) or not isinstance(public_inputs, int) or public_inputs < 0:
+        raise ValueError(f"public_inputs: must be an integer >= 0, got {public_inputs!r}")
+
+
+def _with_pool(task: ClassificationTask, candidates: list[str], count: int, seed: int) -> ClassificationTask:
+    """``task`` with ``count`` public inputs drawn from ``candidates`` (a stream of ``seed`` apart from
+    the private and test draws), in the drawn order (a labelling phase labels the first ones)."""
+    import dataclasses
+
+    import numpy as np
+
+    if count > len(candidates):
+        raise ValueError(f"public_inputs: asked for {count}, only {len(candidates)} public inputs are available")
+    order = np.random.default_rng([int(seed), 0x9B1]).choice(len(candidates), size=count, replace=False)
+    return dataclasses.replace(task, public_inputs=[candidates[int(i)] for i in order])
+
+
+def _sst2_task(
+    root: Any, n_private: int | None, n_test: int | None, seed: int, score_kind: ScoreKind
+) -> ClassificationTask:
     return build_task_from_files(
         "sst2",
         root / "train.tsv",
@@ -128,11 +168,29 @@ def build_banking77(
     n_test: int | None = None,
     seed: int = 0,
     score_kind: ScoreKind = "accuracy",
+    public_inputs: int = 0,
 ) -> ClassificationTask:
-    """BANKING77 on 10 intents: ``train.tsv`` is the private pool, ``split`` ("test" or "dev") the test set."""
+    """BANKING77 on 10 intents: ``train.tsv`` is the private pool, ``split`` ("test" or "dev") the test set.
+
+    ``public_inputs``: how many public unlabelled inputs to add (default none), for a labelling
+    phase (``dp.labelling``): questions of the 10 intents from the other split (``dev`` when the
+    test set is ``test``, and the other way round), drawn by a stream of ``seed`` of their own,
+    labels dropped; disjoint from the private and the test records by construction.
+    """
     if split not in ("test", "dev"):
         raise ValueError(f"split: use 'test' or 'dev', got {split!r}")
+    _check_pool_size(public_inputs)
     root = resolve_data_dir(data_dir) / "banking77"
+    task = _banking77_task(root, split, n_private, n_test, seed, score_kind)
+    if not public_inputs:
+        return task
+    other = load_classification_file(root / f"{'dev' if split == 'test' else 'test'}.tsv", warn_imbalance=False)
+    return _with_pool(task, [ex.text for ex in other if ex.label in BANKING77_INTENTS], public_inputs, seed)
+
+
+def _banking77_task(
+    root: Any, split: str, n_private: int | None, n_test: int | None, seed: int, score_kind: ScoreKind
+) -> ClassificationTask:
     return build_task_from_files(
         "banking77",
         root / "train.tsv",

@@ -90,6 +90,7 @@ def make_support_task(
     score_kind: ScoreKind = "accuracy",
     *,
     hard_fraction: float = DEFAULT_HARD_FRACTION,
+    public_inputs: int = 0,
 ) -> ClassificationTask:
     """The built-in private customer-support task (5 intents, fake personal data).
 
@@ -98,21 +99,34 @@ def make_support_task(
     mutation LLM and used as few-shot demonstrations; the test split has the same
     distribution as the private one and is for research evaluation only.
     ``hard_fraction`` is the share of messages built to defeat keyword matching.
+
+    ``public_inputs``: how many public unlabelled messages to generate (default none), the
+    pool a labelling phase (``dp.labelling``) gives DP labels to. They are public: written
+    like the public split (placeholders, no personal data) from a fourth stream of ``seed``,
+    disjoint from the other three, and kept apart from the private and test messages (only the
+    public split's texts are avoided), so they are a function of public code and the seed alone;
+    their labels are dropped. Adding them changes no other split.
     """
     _check_count("seed", seed, 0)
     _check_count("n_private", n_private, 1)
     _check_count("n_public", n_public, 0)
     _check_count("n_test", n_test, 1)
+    _check_count("public_inputs", public_inputs, 0)
     if not 0.0 <= float(hard_fraction) <= 1.0:
         raise ValueError(f"hard_fraction: must be in [0, 1], got {hard_fraction!r}")
     # Independent streams per split, so changing n_test does not change the private records.
-    private_seed, public_seed, test_seed = (
-        int(s.generate_state(1)[0]) for s in np.random.SeedSequence(int(seed)).spawn(3)
+    # (SeedSequence children are numbered: the fourth, of the unlabelled pool, leaves the first three as they were.)
+    private_seed, public_seed, test_seed, inputs_seed = (
+        int(s.generate_state(1)[0]) for s in np.random.SeedSequence(int(seed)).spawn(4)
     )
     seen: set[str] = set()
     private = generate_messages(n_private, random.Random(private_seed), private_style(hard_fraction), seen)
     public = generate_messages(n_public, random.Random(public_seed), public_style(hard_fraction), seen)
     test = generate_messages(n_test, random.Random(test_seed), private_style(hard_fraction), seen)
+    # The unlabelled pool avoids the public split's texts only: nothing of the private split steers it.
+    pool = generate_messages(
+        public_inputs, random.Random(inputs_seed), public_style(hard_fraction), {ex.text for ex in public}
+    )
     return ClassificationTask(
         name="support",
         description=SUPPORT_DESCRIPTION,
@@ -125,6 +139,7 @@ def make_support_task(
         score_kind=score_kind,
         clip_bound=1.0,
         seed_prompt=SUPPORT_SEED_PROMPT,
+        public_inputs=[ex.text for ex in pool],
     )
 
 

@@ -1,0 +1,171 @@
+"""The labelling phase of a run (``dp.labelling``): DP labels for the task's public inputs, then the search.
+
+A run with ``DPESConfig.labelling`` spends one ledger entry before its first generation: the
+teachers' noisy vote of :mod:`dp_textgrad.dp_es.labelling` on the first ``queries`` public inputs
+(``task.public_inputs``). The answered inputs with their DP labels join the task's public
+examples, so the structured start and the demonstration operators build prompts from them
+(post-processing of the release). The phase is planned with the search
+(:meth:`~dp_textgrad.dp_es.plan.RunPlan.stage_event`: one stage, the two composed by the
+ledger's accountants) and released in ``labels.json``.
+
+The teacher partition's key is 32 random bytes (``secrets``) used once and kept nowhere: a
+resumed run never labels again (the ledger holds the phase's charge; the labels are read back
+from ``labels.json``), so nothing needs it afterwards. Only a run with the INSECURE
+``insecure_noise_seed`` derives the key from that seed (reproducible research and tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dp_textgrad import runs
+from dp_textgrad.dp_es.config import ConfigError, DPESConfig, LabellingConfig
+from dp_textgrad.dp_es.labelling import LEDGER_LABEL, DPLabelled, dp_labels
+from dp_textgrad.tasks.base import ClassificationTask, Example, Task
+
+if TYPE_CHECKING:
+    from dp_textgrad.privacy.accounting.ledger import PrivacyLedger
+    from dp_textgrad.privacy.noise import NoiseSource
+    from dp_textgrad.privacy.voting import LabellingPlan
+
+LABELS_NAME = "labels.json"
+USAGE_NAME = "labelling_usage.json"  # under operator/: the teachers' real usage and time (private)
+CHANNEL = "labelling"
+_INSECURE_KEY_DOMAIN = b"dp-textgrad-insecure-teacher-partition-key-v1"
+
+
+def resolved_config(config: DPESConfig, task: Task, labelled: bool = False) -> DPESConfig:
+    """``config`` with its labelling phase's ``queries`` and ``teachers`` filled in from public
+    values (the number of public inputs, the declared or counted N); unchanged without a phase.
+    Refuses, before any charge, a task that cannot be labelled by a vote, or too few public
+    inputs (unless ``labelled``: a resumed run whose phase is done needs no inputs)."""
+    settings = config.labelling
+    if settings is None:
+        return config
+    if not isinstance(task, ClassificationTask):
+        raise ConfigError(
+            "labelling: teachers vote labels of a classification task; generation tasks have no labelling "
+            "phase yet (remove dp.labelling, or give public examples)"
+        )
+    if labelled and settings.queries is not None and settings.teachers is not None:
+        return config
+    size = config.public_dataset_size
+    if size is None:
+        raise ConfigError("labelling: resolve the configuration's N (declared, or the DP count) first")
+    try:
+        resolved = settings.resolved(len(task.public_inputs), size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return config.model_copy(update={"labelling": resolved})
+
+
+def noise_warning(sigma: float | None, teachers: int | None) -> str | None:
+    """A public warning when the vote's noise swamps the votes: sigma at least half the number of
+    teachers (even a unanimous vote then loses to the noise on another label often), else None."""
+    if sigma is None or teachers is None or sigma < teachers / 2:
+        return None
+    return (
+        f"the vote's noise (sigma {sigma:.3g} votes) is large against {teachers} teachers: many DP labels will "
+        "be noise; give a larger labelling.epsilon_share, fewer labelling.queries or more teachers (more "
+        "private records)"
+    )
+
+
+def partition_key(noise: NoiseSource) -> bytes:
+    """The teacher partition's key: fresh random bytes, or (INSECURE seeded noise only) a function
+    of the seed, so that a seeded run is reproducible."""
+    seed = noise.replay_secret()
+    if seed is None:
+        return secrets.token_bytes(32)
+    return hashlib.sha256(_INSECURE_KEY_DOMAIN + seed).digest()
+
+
+def run_labelling(
+    task: Any,
+    engine: Any,
+    plan: LabellingPlan,
+    ledger: PrivacyLedger,
+    noise: NoiseSource,
+    settings: LabellingConfig,
+    epsilons: dict[str, float],
+) -> DPLabelled:
+    """The phase itself: the first ``plan.queries`` public inputs, labelled by
+    :func:`~dp_textgrad.dp_es.labelling.dp_labels` (which checks public values, then charges,
+    then lets the teachers vote). ``epsilons``: the phase's own bounds (public, for the record)."""
+    inputs = list(task.public_inputs)
+    if len(inputs) < plan.queries:
+        raise ConfigError(
+            f"task.public_inputs: the plan labels {plan.queries} public inputs and the task has {len(inputs)}; "
+            "give more public inputs or lower dp.labelling.queries"
+        )
+    labelled = dp_labels(
+        task,
+        engine,
+        inputs[: plan.queries],
+        plan,
+        ledger,
+        noise.for_charge(LEDGER_LABEL),
+        partition_key(noise),
+        max_demos=settings.max_demos,
+    )
+    metadata = {
+        **labelled.metadata,
+        "epsilon_share": settings.epsilon_share,
+        "epsilon": min(epsilons.values()) if epsilons else None,
+        "epsilons": dict(epsilons),
+        "inputs": inputs[: plan.queries],
+    }
+    return DPLabelled(labelled.examples, labelled.labels, labelled.answered, labelled.queries, metadata)
+
+
+def labels_payload(labelled: DPLabelled) -> dict[str, Any]:
+    """What ``labels.json`` and ``result.json``'s ``labelling`` hold (channel ``labelling``)."""
+    return {
+        **labelled.metadata,
+        "queries": labelled.queries,
+        "answered": labelled.answered,
+        "labels": list(labelled.labels),
+        "examples": [{"text": e.text, "label": e.label} for e in labelled.examples],
+    }
+
+
+def write_labels(run_dir: runs.RunDir | None, labelled: DPLabelled) -> None:
+    """Write the release (atomically) into the run directory, if there is one."""
+    if run_dir is None:
+        return
+    runs.write_released_json(run_dir.path, LABELS_NAME, CHANNEL, labels_payload(labelled))
+
+
+def read_labels(run_dir: runs.RunDir | None) -> DPLabelled | None:
+    """The labels a run released (resume), or None with a warning when the phase was charged but
+    its labels never reached the disk (stopped between the two): the search then goes on without
+    them, and the charge stays in the ledger."""
+    path = None if run_dir is None else Path(run_dir.path) / LABELS_NAME
+    if path is None or not path.is_file():
+        warnings.warn(
+            "labelling: the labelling phase was charged but its labels were not saved (the run stopped in "
+            "between); the search continues without them and the charge stays in the ledger",
+            stacklevel=3,
+        )
+        return None
+    data = runs.read_json(path)
+    examples = tuple(Example(str(e["text"]), str(e["label"])) for e in data.get("examples", []))
+    labels = tuple(None if v is None else str(v) for v in data.get("labels", []))
+    metadata = {k: v for k, v in data.items() if k not in ("examples", "labels")}
+    return DPLabelled(examples, labels, int(data["answered"]), int(data["queries"]), metadata)
+
+
+__all__ = [
+    "LABELS_NAME",
+    "labels_payload",
+    "noise_warning",
+    "partition_key",
+    "read_labels",
+    "resolved_config",
+    "run_labelling",
+    "write_labels",
+]
