@@ -190,3 +190,12 @@ def test_the_benchmark_tasks_take_a_pool_apart_from_their_private_and_test_recor
         assert get_task(name, public_inputs=30, **options).public_inputs == pooled.public_inputs  # seeded
     with pytest.raises(ValueError, match="public_inputs: must be an integer >= 0"):
         get_task("sst2", public_inputs=-2)
+
+
+def test_a_federated_run_refuses_a_labelling_phase() -> None:
+    from pydantic import ValidationError
+
+    from dp_textgrad.federated.config import FederatedSettings
+
+    with pytest.raises(ValidationError, match="dp.labelling: federated runs have no labelling phase yet"):
+        FederatedSettings.model_validate({"dp": {"labelling": {"teachers": 4}}})

@@ -38,29 +38,39 @@ CHANNEL = "labelling"
 _INSECURE_KEY_DOMAIN = b"dp-textgrad-insecure-teacher-partition-key-v1"
 
 
-def resolved_config(config: DPESConfig, task: Task, labelled: bool = False) -> DPESConfig:
-    """``config`` with its labelling phase's ``queries`` and ``teachers`` filled in from public
-    values (the number of public inputs, the declared or counted N); unchanged without a phase.
-    Refuses, before any charge, a task that cannot be labelled by a vote, or too few public
-    inputs (unless ``labelled``: a resumed run whose phase is done needs no inputs)."""
+def check_task(config: DPESConfig, task: Task) -> None:
+    """Refuse, before any charge (the count of N's included), a labelling phase this task cannot
+    have: not a classification task, or fewer public inputs than the phase labels."""
     settings = config.labelling
     if settings is None:
-        return config
+        return
     if not isinstance(task, ClassificationTask):
         raise ConfigError(
             "labelling: teachers vote labels of a classification task; generation tasks have no labelling "
             "phase yet (remove dp.labelling, or give public examples)"
         )
+    try:
+        settings.resolved(len(task.public_inputs), 1)  # its checks of the pool (N only sets the teachers)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def resolved_config(config: DPESConfig, task: Task, labelled: bool = False) -> DPESConfig:
+    """``config`` with its labelling phase's ``queries`` and ``teachers`` filled in from public
+    values (the number of public inputs, the declared or counted N); unchanged without a phase.
+    Checks the task first (:func:`check_task`) unless ``labelled``: a resumed run whose phase is
+    done needs no public inputs."""
+    settings = config.labelling
+    if settings is None:
+        return config
     if labelled and settings.queries is not None and settings.teachers is not None:
         return config
+    check_task(config, task)
+    assert isinstance(task, ClassificationTask)  # check_task refused the others
     size = config.public_dataset_size
     if size is None:
         raise ConfigError("labelling: resolve the configuration's N (declared, or the DP count) first")
-    try:
-        resolved = settings.resolved(len(task.public_inputs), size)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return config.model_copy(update={"labelling": resolved})
+    return config.model_copy(update={"labelling": settings.resolved(len(task.public_inputs), size)})
 
 
 def noise_warning(sigma: float | None, teachers: int | None) -> str | None:
@@ -161,6 +171,7 @@ def read_labels(run_dir: runs.RunDir | None) -> DPLabelled | None:
 
 __all__ = [
     "LABELS_NAME",
+    "check_task",
     "labels_payload",
     "noise_warning",
     "partition_key",

@@ -458,6 +458,8 @@ class DPEvolutionStrategy(EvolutionController):
             raise ConfigError(
                 "task: expected a dp_textgrad task (ClassificationTask or GenerationTask, see dp_textgrad.tasks)"
             )
+        if ledger is None or not any(e.label == labelling_phase.LEDGER_LABEL for e in ledger.entries):
+            labelling_phase.check_task(base, task)  # before any charge, the count of N's too
         ledger, resolved, noise, counted = size_count.stage_one(
             base, task, engine, parameters, ledger, plan, checkpoint_dir
         )

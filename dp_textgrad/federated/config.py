@@ -112,6 +112,12 @@ class FederatedSettings(Section):
                 )
             if self.dp.privacy == "off":
                 raise ValueError("dp.privacy: 'off' needs un-noised totals; use placement 'central'")
+        if self.dp.labelling is not None:
+            # Teachers would need every silo's records at the coordinator; a per-silo vote is not built.
+            raise ValueError(
+                "dp.labelling: federated runs have no labelling phase yet (the teachers' records stay in "
+                "the silos); remove dp.labelling, or give public labelled examples (task.public)"
+            )
         if self.dp.mode == "unsafe":
             raise ValueError(
                 "dp.mode: 'unsafe' shows raw records to the mutator, which a federation "

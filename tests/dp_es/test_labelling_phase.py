@@ -232,3 +232,10 @@ def test_a_vote_drowned_in_noise_is_warned_about_from_public_values() -> None:
     assert labelling_phase.noise_warning(11.3, 100) is None
     assert labelling_phase.noise_warning(None, 10) is None
     assert "epsilon_share" in labelling_phase.noise_warning(6.0, 4)
+
+
+def test_a_bad_pool_is_refused_before_the_count_of_n_is_charged(tmp_path: Path) -> None:
+    task = labelled_task(pool=POOL[:3])
+    with pytest.raises(ConfigError, match="dp.labelling.queries"):
+        build(task, tmp_path / "run", dataset_size=None)
+    assert not (tmp_path / "run" / "ledger.jsonl").exists() or ledger_lines(tmp_path / "run") == []
