@@ -38,6 +38,11 @@ CHANNEL = "labelling"
 _INSECURE_KEY_DOMAIN = b"dp-textgrad-insecure-teacher-partition-key-v1"
 
 
+def charge_index(ledger: PrivacyLedger | None) -> int | None:
+    """The ledger index of the labelling phase's charge, or None (not charged, or no ledger yet)."""
+    return next((e.index for e in (ledger.entries if ledger is not None else ()) if e.label == LEDGER_LABEL), None)
+
+
 def check_task(config: DPESConfig, task: Task) -> None:
     """Refuse, before any charge (the count of N's included), a labelling phase this task cannot
     have: not a classification task, or fewer public inputs than the phase labels."""
@@ -55,22 +60,22 @@ def check_task(config: DPESConfig, task: Task) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def resolved_config(config: DPESConfig, task: Task, labelled: bool = False) -> DPESConfig:
+def resolved_config(config: DPESConfig, task: Task) -> DPESConfig:
     """``config`` with its labelling phase's ``queries`` and ``teachers`` filled in from public
-    values (the number of public inputs, the declared or counted N); unchanged without a phase.
-    Checks the task first (:func:`check_task`) unless ``labelled``: a resumed run whose phase is
-    done needs no public inputs."""
+    values (the number of public inputs, the declared or counted N); unchanged without a phase or
+    when already filled in (a resumed run, whose phase may be done: then no public input is needed).
+    The caller has checked the task (:func:`check_task`, before any charge)."""
     settings = config.labelling
-    if settings is None:
+    if settings is None or (settings.queries is not None and settings.teachers is not None):
         return config
-    if labelled and settings.queries is not None and settings.teachers is not None:
-        return config
-    check_task(config, task)
-    assert isinstance(task, ClassificationTask)  # check_task refused the others
     size = config.public_dataset_size
     if size is None:
         raise ConfigError("labelling: resolve the configuration's N (declared, or the DP count) first")
-    return config.model_copy(update={"labelling": settings.resolved(len(task.public_inputs), size)})
+    inputs = len(getattr(task, "public_inputs", ()))
+    try:
+        return config.model_copy(update={"labelling": settings.resolved(inputs, size)})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def noise_warning(sigma: float | None, teachers: int | None) -> str | None:
@@ -171,6 +176,7 @@ def read_labels(run_dir: runs.RunDir | None) -> DPLabelled | None:
 
 __all__ = [
     "LABELS_NAME",
+    "charge_index",
     "check_task",
     "labels_payload",
     "noise_warning",

@@ -134,9 +134,7 @@ class EvolutionController(Optimizer):
     # -- the labelling phase (dp.labelling) ---------------------------------------------------
     def _labelling_charged(self) -> int | None:
         """The ledger index of the labelling phase's charge, or None (not charged yet, or no phase)."""
-        if self.config.labelling is None:
-            return None
-        return next((e.index for e in self.ledger.entries if e.label == labelling_phase.LEDGER_LABEL), None)
+        return None if self.config.labelling is None else labelling_phase.charge_index(self.ledger)
 
     def _use_labels(self, labelled: DPLabelled | None) -> None:
         """Make the DP-labelled examples public demonstrations of the search (structured start,
@@ -250,8 +248,13 @@ class EvolutionController(Optimizer):
         if self.generation >= self.config.generations:
             self.stopped_because = "all generations done"
             return None
+        t = self.generation
         if not self.population.candidates:
-            self.label()  # before the marks: the teachers' usage is private (operator-only)
+            try:
+                self.label()  # before the marks: the teachers' usage is private (operator-only)
+            except BudgetExceeded as exc:  # e.g. the dataset's lifetime cap: refused like a generation
+                self._refused(exc, t)
+                return None
         started, start = time.perf_counter(), UsageMark.of(self.engine)
         if not self.population.candidates:
             self.initialise_population()
@@ -259,15 +262,10 @@ class EvolutionController(Optimizer):
             self.preflight()
             # A checkpoint before the first charge: a run that fails in generation 0 can be resumed.
             self._save_checkpoint()
-        t = self.generation
         try:
             outcome = self.parts.run(t, start)
         except BudgetExceeded as exc:
-            self._refusal = exc
-            self.stopped_because = refusal_reason(
-                exc, t, self.config.generations, self.ledger.epsilon(), self.interrupted_charges
-            )
-            self._save_checkpoint()
+            self._refused(exc, t)
             return None
         self.variable.set_value(outcome.best.text)
         self.generation = t + 1
@@ -284,6 +282,14 @@ class EvolutionController(Optimizer):
         elif any(callback(report) for callback in self.callbacks):
             self.stopped_because = "stopped by callback"
         return report
+
+    def _refused(self, exc: BudgetExceeded, t: int) -> None:
+        """Stop the run: the charge before generation ``t`` was refused (nothing of it was read)."""
+        self._refusal = exc
+        self.stopped_because = refusal_reason(
+            exc, t, self.config.generations, self.ledger.epsilon(), self.interrupted_charges
+        )
+        self._save_checkpoint()
 
     def _report(self, t: int, best: Candidate, public: UsageMark) -> GenerationReport:
         shrunk = self.population.shrunk_estimates()
@@ -458,7 +464,7 @@ class DPEvolutionStrategy(EvolutionController):
             raise ConfigError(
                 "task: expected a dp_textgrad task (ClassificationTask or GenerationTask, see dp_textgrad.tasks)"
             )
-        if ledger is None or not any(e.label == labelling_phase.LEDGER_LABEL for e in ledger.entries):
+        if labelling_phase.charge_index(ledger) is None:
             labelling_phase.check_task(base, task)  # before any charge, the count of N's too
         ledger, resolved, noise, counted = size_count.stage_one(
             base, task, engine, parameters, ledger, plan, checkpoint_dir
@@ -471,8 +477,7 @@ class DPEvolutionStrategy(EvolutionController):
                 )
             }
         )
-        labelled = any(e.label == labelling_phase.LEDGER_LABEL for e in (ledger.entries if ledger else ()))
-        resolved = labelling_phase.resolved_config(resolved, task, labelled)
+        resolved = labelling_phase.resolved_config(resolved, task)
         if plan is None:
             plan = RunPlan.calibrated(resolved)
         elif plan.config != resolved:

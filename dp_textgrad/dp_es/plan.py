@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import dp_accounting
 
-from dp_textgrad.dp_es.config import ConfigError, DPESConfig
+from dp_textgrad.dp_es.config import ConfigError, DPESConfig, LabellingConfig
 from dp_textgrad.dp_es.selector import DPSelector, GenerationMechanisms, strategy_for
 from dp_textgrad.privacy.accounting.accountants import Accountant
 from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountants
@@ -113,30 +113,24 @@ class RunPlan:
         )
 
     def labelling(self, num_labels: int) -> LabellingPlan | None:
-        """The labelling phase over ``num_labels`` labels (the task's), or None when the run has none.
-
-        Its event depends only on the noise and the number of queries: the teachers and the
-        labels change what is voted, not what is charged."""
+        """The labelling phase over ``num_labels`` labels (the task's), or None when the run has none."""
         settings, sigma = self.config.labelling, self.labelling_sigma
         if settings is None or sigma is None:
             return None
-        teachers = settings.teachers
-        if teachers is None:
+        if settings.teachers is None:
             raise ConfigError("labelling.teachers: not resolved yet (LabellingConfig.resolved fills it from N)")
-        mechanism: VotingMechanism
-        if settings.threshold is None or settings.threshold_sigma is None:
-            mechanism = GNMax(sigma, num_labels)
-        else:
-            mechanism = ConfidentGNMax(settings.threshold, settings.threshold_sigma, sigma, num_labels)
-        return LabellingPlan(mechanism, _resolved_queries(self.config), teachers)
+        return LabellingPlan(
+            _voting_mechanism(settings, sigma, num_labels), _resolved_queries(self.config), settings.teachers
+        )
 
     @property
     def labelling_event(self) -> dp_accounting.DpEvent | None:
-        """What the labelling phase charges (one entry), or None when the run has none."""
-        sigma = self.labelling_sigma
-        if sigma is None:
+        """What the labelling phase charges (one entry), or None when the run has none. It depends
+        only on the noise and the number of queries, not on the labels or the teachers."""
+        settings, sigma = self.config.labelling, self.labelling_sigma
+        if settings is None or sigma is None:
             return None
-        return _labelling_event(self.config, sigma)
+        return _voting_mechanism(settings, sigma, 2).event(_resolved_queries(self.config))
 
     @property
     def search_event(self) -> dp_accounting.DpEvent:
@@ -278,14 +272,8 @@ def _calibrated_value(key: tuple, search_epsilon: float) -> float:
     calibrate = (
         calibrate_noise_multiplier if strategy_for(config).calibrates == "noise_multiplier" else calibrate_pure_epsilon
     )
-    labelling = RunPlan(config, None if config.labelling is None else 1.0).labelling_event
-
-    def stage(x: float) -> dp_accounting.DpEvent:
-        search = RunPlan(config, x).search_event
-        return search if labelling is None else dp_accounting.ComposedDpEvent([labelling, search])
-
-    try:
-        return calibrate(stage, search_epsilon, config.resolved_delta)
+    try:  # stage 2: the labelling phase (fixed by its share) and the search, composed
+        return calibrate(lambda x: RunPlan(config, x).stage_event, search_epsilon, config.resolved_delta)
     except BudgetExceeded:
         raise
     except (ValueError, RuntimeError) as exc:
@@ -293,6 +281,12 @@ def _calibrated_value(key: tuple, search_epsilon: float) -> float:
             f"epsilon: cannot fit the planned schedule into epsilon={config.epsilon}, delta={config.delta} "
             f"({exc}); raise epsilon or lower generations/final_epsilon"
         ) from None
+
+
+def _voting_mechanism(settings: LabellingConfig, sigma: float, num_labels: int) -> VotingMechanism:
+    if settings.threshold is None or settings.threshold_sigma is None:
+        return GNMax(sigma, num_labels)
+    return ConfidentGNMax(settings.threshold, settings.threshold_sigma, sigma, num_labels)
 
 
 def _resolved_queries(config: DPESConfig) -> int:
@@ -313,15 +307,6 @@ def _labelling_sigma(epsilon: float, delta: float, queries: int, threshold_sigma
             f"labelling: cannot fit {queries} teacher votes into their share epsilon={epsilon:g} ({exc}); "
             "raise labelling.epsilon_share or label fewer inputs (labelling.queries)"
         ) from None
-
-
-def _labelling_event(config: DPESConfig, sigma: float) -> dp_accounting.DpEvent:
-    settings = config.labelling
-    assert settings is not None
-    queries = _resolved_queries(config)
-    if settings.threshold is None or settings.threshold_sigma is None:
-        return GNMax(sigma, 2).event(queries)
-    return ConfidentGNMax(settings.threshold, settings.threshold_sigma, sigma, 2).event(queries)
 
 
 __all__ = ["CALIBRATION_EPSILON_RANGE", "RunPlan", "decide_llm_operators"]

@@ -239,3 +239,22 @@ def test_a_bad_pool_is_refused_before_the_count_of_n_is_charged(tmp_path: Path) 
     with pytest.raises(ConfigError, match="dp.labelling.queries"):
         build(task, tmp_path / "run", dataset_size=None)
     assert not (tmp_path / "run" / "ledger.jsonl").exists() or ledger_lines(tmp_path / "run") == []
+
+
+def test_a_refused_labelling_charge_stops_the_run_like_a_generation(tmp_path: Path, monkeypatch) -> None:
+    from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
+
+    opt = build(labelled_task(), tmp_path / "run")
+    spend = opt.ledger.spend
+
+    def refuse_the_vote(event, label, metadata=None):
+        if label == "labelling":  # as the dataset's lifetime cap would
+            raise BudgetExceeded(label, 9.0, 2.0, opt.ledger.delta)
+        return spend(event, label, metadata)
+
+    monkeypatch.setattr(opt.ledger, "spend", refuse_the_vote)
+    calls_before = opt.engine.score_calls
+    assert opt.step() is None
+    assert opt.stopped_because is not None and "generation 1 of 2" in opt.stopped_because
+    assert opt.labelled is None and opt.ledger.entries == []
+    assert opt.engine.score_calls == calls_before + 1  # the preflight's public probe only: no teacher voted
