@@ -1,4 +1,4 @@
-"""Cost and label accuracy of DP labelling by a teacher vote (dp_textgrad.dp_es.labelling) on SST-2.
+"""Cost and label accuracy of DP labelling by a teacher vote (dp_textgrad.dp_es.labelling): SST-2 or BANKING77.
 
 The real-model part: ``--records`` private SST-2 records (``get_task("sst2")``, drawn by ``--seed``)
 split into T teachers by the keyed hash, for each T in ``--teachers``; every teacher (the seed
@@ -6,20 +6,24 @@ prompt plus up to ``--max-demos`` of its records as demonstrations, spread over 
 votes on Q = ``--queries`` public unlabelled inputs with ONE ``score_choices_batch`` call (its
 prefix decoded once). The inputs come from ``train.tsv`` outside the private part (texts of at
 least ``--min-words`` words, drawn by ``--seed``); their labels are hidden from the teachers and
-used only to measure accuracy. The teachers run through ``teacher_votes`` and the real release
-path (``label_by_vote``: the charge, the histogram, GNMax at epsilon 1 with seeded noise).
+used only to measure accuracy. ``--task banking10``: the private records are all of BANKING77's
+``train.tsv`` records of the 10 intents (``--records`` ignored) and the public inputs come from
+its ``dev.tsv`` on those intents (no text in common with train or test). The teachers run
+through ``teacher_votes`` and the real release path (``label_by_vote``: the charge, the
+histogram, GNMax at epsilon 1 with seeded noise).
 
 Measured per T: teacher calls per labelled example, tokens decoded, prefix tokens, wall time,
 each teacher's accuracy, the vote margins, the plain majority's accuracy. Then, simulated on the
 MEASURED histograms (``--draws`` noise draws each): the DP label accuracy at the GNMax sigma that
 ``plan_labelling`` gives for labelling shares epsilon in ``--epsilons`` (delta 1e-5, Q planned
-inputs). And a table for larger T (200 to 1000 teachers) with each teacher's chance of being
-right on each input as measured (pooled over T), teachers independent given the input: how the
+inputs). And a table for larger T (200 to 1000 teachers) whose votes on each input follow the
+measured shares over the labels (pooled over T), teachers independent given the input: how the
 noise (epsilon, the planned Q), the number of teachers and N (at least T x max_demos records,
 so that every teacher keeps its demonstrations) trade off.
 
     python benchmarks/voting_cost.py                                  # 2,000 records, T in 25/50/100
     python benchmarks/voting_cost.py --records 200 --teachers 4 --queries 4 --output smoke.json
+    python benchmarks/voting_cost.py --task banking10 --teachers 40,80 --max-demos 10
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
-DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "voting_cost_sst2.json"
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+TASKS = ("sst2", "banking10")
 KEY = b"voting-cost-benchmark-key-000001"  # fixed: a measurement, not a run (a run draws 32 random bytes)
 DELTA = 1e-5
 
@@ -58,23 +63,22 @@ def dp_accuracy(histograms: np.ndarray, gold: np.ndarray, sigma: float, draws: i
 
 
 def simulate_teachers(
-    p_correct: np.ndarray, teachers: int, sigma: float, draws: int, num_labels: int = 2, seed: int = 0
+    vote_shares: np.ndarray, gold: np.ndarray, teachers: int, sigma: float, draws: int, seed: int = 0
 ) -> dict[str, float]:
-    """The vote of ``teachers`` independent teachers, each right on input i with probability
-    ``p_correct[i]`` (the wrong votes spread evenly over the other labels): the DP label accuracy
-    (GNMax, ``sigma``) and the plain majority's (ties split), averaged over the inputs."""
+    """The vote of ``teachers`` independent teachers whose votes on input i follow the measured
+    shares ``vote_shares[i]`` (one row per input, one column per label; wrong votes go where the
+    measured teachers put them, not spread evenly, which matters with many labels): the DP label
+    accuracy (GNMax, ``sigma``) and the plain majority's (ties split), averaged over the inputs."""
     rng = np.random.default_rng(seed)
+    shares = np.asarray(vote_shares, dtype=float)
     dp_hits, majority_hits = 0.0, 0.0
-    for p in np.asarray(p_correct, dtype=float):
-        right = rng.binomial(teachers, p, size=draws)
-        counts = np.zeros((draws, num_labels))
-        counts[:, 0] = right  # label 0 stands for the gold label; the wrong votes spread evenly over the rest
-        counts[:, 1:] = rng.multinomial(teachers - right, [1.0 / (num_labels - 1)] * (num_labels - 1))
+    for row, label in zip(shares, gold):
+        counts = rng.multinomial(teachers, row / row.sum(), size=draws).astype(float)
         noisy = counts + rng.normal(0.0, sigma, size=counts.shape)
-        dp_hits += float(np.mean(np.argmax(noisy, axis=1) == 0))
+        dp_hits += float(np.mean(np.argmax(noisy, axis=1) == label))
         best = counts.max(axis=1)
-        majority_hits += float(np.mean((counts[:, 0] == best) / (counts == best[:, None]).sum(axis=1)))  # ties split
-    n = len(p_correct)
+        majority_hits += float(np.mean((counts[:, label] == best) / (counts == best[:, None]).sum(axis=1)))
+    n = len(shares)
     return {"dp_accuracy": dp_hits / n, "majority_accuracy": majority_hits / n}
 
 
@@ -88,13 +92,26 @@ def sigma_for(epsilon: float, queries: int, teachers: int) -> float:
 
 
 def public_pool(
-    data_dir: Path, private_texts: set[str], queries: int, min_words: int, seed: int
+    data_dir: Path, private_texts: set[str], queries: int, min_words: int, seed: int, task_name: str = "sst2"
 ) -> list[tuple[str, str]]:
-    """Q (text, label) of train.tsv outside the private part, at least ``min_words`` words, drawn by seed."""
-    from dp_textgrad.tasks.loaders import load_classification_file
-    from dp_textgrad.tasks.registry import SST2_LABEL_NAMES
+    """Q (text, label) outside the private part, at least ``min_words`` words, drawn by seed.
 
-    rows = load_classification_file(data_dir / "sst2" / "train.tsv", label_names=SST2_LABEL_NAMES, warn_imbalance=False)
+    SST-2: ``train.tsv``; banking10: ``dev.tsv`` on the 10 intents.
+    """
+    from dp_textgrad.tasks.loaders import load_classification_file
+    from dp_textgrad.tasks.registry import BANKING77_INTENTS, SST2_LABEL_NAMES
+
+    if task_name == "banking10":
+        rows = load_classification_file(
+            data_dir / "banking77" / "dev.tsv",
+            labels=list(BANKING77_INTENTS),
+            drop_other_labels=True,
+            warn_imbalance=False,
+        )
+    else:
+        rows = load_classification_file(
+            data_dir / "sst2" / "train.tsv", label_names=SST2_LABEL_NAMES, warn_imbalance=False
+        )
     seen: set[str] = set()
     candidates = []
     for row in rows:
@@ -201,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     from dp_textgrad.runs import code_version
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=2000, help="private SST-2 records (default 2000)")
+    parser.add_argument("--task", choices=TASKS, default="sst2", help="sst2 (default) or banking10")
+    parser.add_argument(
+        "--records", type=int, default=2000, help="private SST-2 records (default 2000; banking10 uses all)"
+    )
     parser.add_argument("--teachers", default="25,50,100", help="teacher counts, comma-separated")
     parser.add_argument("--max-demos", type=int, default=6, help="demonstrations per teacher (default 6)")
     parser.add_argument("--queries", type=int, default=16, help="public unlabelled inputs (default 16)")
@@ -219,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--data-dir", default=None, help="folder holding sst2/ (default $DP_TEXTGRAD_DATA or ../shared/data)"
     )
-    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="where to write the JSON results")
+    parser.add_argument(
+        "--output", default=None, help="the JSON results (default benchmarks/results/voting_cost_TASK.json)"
+    )
     args = parser.parse_args(argv)
     teacher_counts = [int(t) for t in args.teachers.split(",")]
     epsilons = [float(e) for e in args.epsilons.split(",")]
@@ -233,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"SKIPPED: {exc}")
         return 0
-    if not (data_dir / "sst2" / "train.tsv").is_file():
-        print(f"SKIPPED: SST-2 data not found under {data_dir}; set DP_TEXTGRAD_DATA")
+    needed = data_dir / ("banking77/dev.tsv" if args.task == "banking10" else "sst2/train.tsv")
+    if not needed.is_file():
+        print(f"SKIPPED: {needed.relative_to(data_dir)} not found under {data_dir}; set DP_TEXTGRAD_DATA")
         return 0
     try:
         import llama_cpp
@@ -243,16 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"SKIPPED: the local engine is unavailable ({exc})")
         return 0
-    from dp_textgrad.tasks.registry import get_task
+    from dp_textgrad.tasks.registry import build_banking77, get_task
 
-    task = get_task("sst2", data_dir=data_dir, n_private=args.records, seed=args.seed)
+    if args.task == "banking10":
+        task = build_banking77(data_dir, n_private=None, seed=args.seed)
+    else:
+        task = get_task("sst2", data_dir=data_dir, n_private=args.records, seed=args.seed)
     private_texts = {rec.unwrap().text for rec in task.private_train}  # a measurement: kept apart from the pool
-    pool = public_pool(data_dir, private_texts, args.queries, args.min_words, args.seed)
+    pool = public_pool(data_dir, private_texts, args.queries, args.min_words, args.seed, args.task)
     inputs = [text for text, _ in pool]
     gold = np.array([task.labels.index(label) for _, label in pool])
     prompt = task.seed_prompt
     engine = LlamaCppEngine(n_threads=args.threads)
-    engine.score_choices_batch("Warm-up.", ["Review: fine\nSentiment:"], [" negative", " positive"])
+    engine.score_choices_batch("Warm-up.", [task.render_record(inputs[0])], [task.verbalizers[task.labels[0]]])
     zero_shot = engine.score_choices_batch(
         task.render_prefix(prompt),
         [task.render_record(x) for x in inputs],
@@ -283,20 +309,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     real_seconds = time.perf_counter() - started
 
-    # Each input's chance that a teacher is right, pooled over the measured teacher counts.
-    right = np.zeros(args.queries)
-    voted = np.zeros(args.queries)
-    for row in measured:
-        hist = np.array(row["histograms"], dtype=float)
-        right += hist[np.arange(args.queries), gold]
-        voted += hist.sum(axis=1)
-    p_correct = right / np.maximum(voted, 1.0)
+    # Each input's vote shares over the labels, pooled over the measured teacher counts.
+    pooled = sum(np.array(row["histograms"], dtype=float) for row in measured)
+    vote_shares = pooled / np.maximum(pooled.sum(axis=1, keepdims=True), 1.0)
+    p_correct = vote_shares[np.arange(args.queries), gold]
     simulated = []
     for teachers in [*teacher_counts, *sim_teachers]:
         for queries in plan_queries:
             for epsilon in epsilons:
                 sigma = sigma_for(epsilon, queries, teachers)
-                sim = simulate_teachers(p_correct, teachers, sigma, max(2000, args.draws // 10), seed=args.seed)
+                sim = simulate_teachers(vote_shares, gold, teachers, sigma, max(2000, args.draws // 10), args.seed)
                 simulated.append(
                     {
                         "teachers": teachers,
@@ -310,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "config": {
-            "task": "sst2",
-            "records": args.records,
+            "task": args.task,
+            "records": len(task.private_train),
             "teachers": teacher_counts,
             "max_demos": args.max_demos,
             "queries": args.queries,
@@ -322,16 +344,22 @@ def main(argv: list[str] | None = None) -> int:
             "prompt": prompt,
             "draws": args.draws,
             "seed": args.seed,
-            "public_inputs": "train.tsv outside the private part, labels hidden (accuracy only)",
+            "public_inputs": (
+                "banking77/dev.tsv on the 10 intents"
+                if args.task == "banking10"
+                else "train.tsv outside the private part"
+            )
+            + ", labels hidden (accuracy only)",
         },
         "zero_shot_accuracy": zero_shot_accuracy,
         "real_model_seconds": real_seconds,
         "measured": measured,
         "per_input_p_correct": p_correct.tolist(),
+        "per_input_vote_shares": vote_shares.tolist(),
         "simulated": simulated,
         "simulation_model": (
-            "teachers independent given the input, each right with the measured per-input share "
-            "(pooled over the measured T); every teacher keeps max_demos demonstrations, so N >= "
+            "teachers independent given the input, each voting with the measured per-input shares over "
+            "the labels (pooled over the measured T); every teacher keeps max_demos demonstrations, so N >= "
             "T x max_demos; GNMax sigma from plan_labelling(epsilon, 1e-5, queries=planned Q)"
         ),
         "machine": {
@@ -348,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         "code_version": code_version(),
     }
     engine.close()
-    out = Path(args.output)
+    out = Path(args.output) if args.output else RESULTS / f"voting_cost_{args.task}.json"
     atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     print(format_tables(result))
     print(f"wrote {out}")
@@ -375,7 +403,7 @@ def format_tables(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "simulated (measured per-input teacher accuracy; DP label accuracy):",
+        "simulated (measured per-input vote shares; DP label accuracy):",
         "",
         "| T | N >= | Q planned | " + " | ".join(f"eps {e:g}" for e in result["config"]["epsilons"]) + " | majority |",
         "|---" * (4 + len(result["config"]["epsilons"])) + "|",

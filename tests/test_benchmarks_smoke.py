@@ -117,9 +117,14 @@ def test_voting_cost_simulation_smoke() -> None:
     histograms, gold = np.array([[9, 1], [2, 8], [4, 6]]), np.array([0, 1, 0])
     assert dp_accuracy(histograms, gold, 1e-9, 200) == pytest.approx(2 / 3)  # the majority, wrong on the last
     assert 0.45 < dp_accuracy(histograms, gold, 50.0, 4000) < 0.6  # noise far above the margins: near chance
-    sharp = simulate_teachers(np.array([0.8, 0.9]), 100, 1e-9, 500)
+    shares, right = np.array([[0.8, 0.2], [0.1, 0.9]]), np.array([0, 1])
+    sharp = simulate_teachers(shares, right, 100, 1e-9, 500)
     assert sharp["dp_accuracy"] == pytest.approx(1.0) and sharp["majority_accuracy"] == pytest.approx(1.0)
-    assert simulate_teachers(np.array([0.8]), 100, sigma_for(0.25, 1000, 100), 2000)["dp_accuracy"] < 0.9
+    assert simulate_teachers(shares[:1], right[:1], 100, sigma_for(0.25, 1000, 100), 2000)["dp_accuracy"] < 0.9
+    # Many labels: the gold label's 0.3 is a plurality over wrong votes spread thin, not a minority of two.
+    plurality = np.array([[0.3, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]])
+    assert simulate_teachers(plurality, np.array([0]), 400, 1e-9, 500)["majority_accuracy"] > 0.95
+    assert simulate_teachers(plurality, np.array([1]), 400, 1e-9, 500)["majority_accuracy"] < 0.05
 
 
 @pytest.mark.slow
