@@ -73,6 +73,7 @@ sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # privacy_utility, paired_bootstrap beside this file
 
 import privacy_utility as pu  # noqa: E402 - after the path set-up
+from voting_cost import labelled_pool  # noqa: E402 - the same public pools as the vote-cost benchmark
 
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "labelling_utility.json"
 DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "labelling_utility"
@@ -148,32 +149,23 @@ def run_key(row: dict[str, Any]) -> str:
 
 
 def build_regime(regime: str, schedule: pu.Schedule, data_dir: str | None, min_words: int) -> Regime:
-    from dp_textgrad.tasks.loaders import load_classification_file, resolve_data_dir
-    from dp_textgrad.tasks.registry import BANKING77_INTENTS, SST2_LABEL_NAMES, build_sst2
+    from dp_textgrad.tasks.loaders import resolve_data_dir
+    from dp_textgrad.tasks.registry import build_sst2
 
-    root = resolve_data_dir(data_dir)
     if regime == "smoke":  # tiny: 40 private records
         task = build_sst2(data_dir, n_private=40, n_test=schedule.n_test, seed=0)
     else:
         task = pu.build_regime(regime, schedule, data_dir)
-    if regime == "banking10":
-        # All train.tsv records of the 10 intents are private: the pool is dev.tsv (disjoint from both).
-        rows = load_classification_file(
-            root / "banking77" / "dev.tsv", labels=list(BANKING77_INTENTS), drop_other_labels=True, warn_imbalance=False
-        )
-        source = "banking77/dev.tsv on the 10 intents (disjoint from train.tsv and test.tsv)"
-    else:
-        rows = load_classification_file(root / "sst2" / "train.tsv", label_names=SST2_LABEL_NAMES, warn_imbalance=False)
-        source = "sst2/train.tsv outside the private records"
+    # All train.tsv records of banking10's intents are private: its pool is dev.tsv (disjoint from both).
+    source = (
+        "banking77/dev.tsv on the 10 intents (disjoint from train.tsv and test.tsv)"
+        if regime == "banking10"
+        else "sst2/train.tsv outside the private records"
+    )
     # The benchmark knows the private records (a measurement): the pool leaves them out.
     private = {record.unwrap().text for record in task.private_train}
-    seen: set[str] = set()
-    pool = []
-    for row in rows:
-        if row.text in private or row.text in seen or len(row.text.split()) < min_words:
-            continue
-        seen.add(row.text)
-        pool.append((row.text, row.label))
+    kind = "banking10" if regime == "banking10" else "sst2"
+    pool = labelled_pool(resolve_data_dir(data_dir), kind, private, min_words)
     return Regime(task=task, pool=pool, pool_source=f"{source}, at least {min_words} words, labels dropped")
 
 

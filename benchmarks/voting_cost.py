@@ -91,13 +91,11 @@ def sigma_for(epsilon: float, queries: int, teachers: int) -> float:
 # -- the real-model part ------------------------------------------------------------------------
 
 
-def public_pool(
-    data_dir: Path, private_texts: set[str], queries: int, min_words: int, seed: int, task_name: str = "sst2"
-) -> list[tuple[str, str]]:
-    """Q (text, label) outside the private part, at least ``min_words`` words, drawn by seed.
-
-    SST-2: ``train.tsv``; banking10: ``dev.tsv`` on the 10 intents.
-    """
+def labelled_pool(data_dir: Path, task_name: str, private_texts: set[str], min_words: int) -> list[tuple[str, str]]:
+    """Every public (text, label) candidate, in file order: SST-2's ``train.tsv`` or (banking10)
+    BANKING77's ``dev.tsv`` on the 10 intents, without the private texts, duplicates and texts
+    under ``min_words`` words. The labels are for measuring accuracy only (shared with
+    ``labelling_utility.py``)."""
     from dp_textgrad.tasks.loaders import load_classification_file
     from dp_textgrad.tasks.registry import BANKING77_INTENTS, SST2_LABEL_NAMES
 
@@ -119,6 +117,14 @@ def public_pool(
             continue
         seen.add(row.text)
         candidates.append((row.text, row.label))
+    return candidates
+
+
+def public_pool(
+    data_dir: Path, private_texts: set[str], queries: int, min_words: int, seed: int, task_name: str = "sst2"
+) -> list[tuple[str, str]]:
+    """Q (text, label) of :func:`labelled_pool`, drawn by seed."""
+    candidates = labelled_pool(data_dir, task_name, private_texts, min_words)
     rng = np.random.default_rng(seed + 1000)
     picks = rng.choice(len(candidates), size=queries, replace=False)
     return [candidates[i] for i in sorted(picks)]
