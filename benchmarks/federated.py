@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
-import hashlib
 import json
 import math
 import os
@@ -52,6 +51,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import run_records  # noqa: E402 - beside this file
 
 OUTPUT = REPO / "benchmarks" / "results" / "federated.json"
 WORK_DIR = REPO / "runs" / "benchmarks" / "federated"
@@ -127,7 +129,6 @@ def one_run(task, engine, regime: str, alpha: float, epsilon: float, config: str
 
 
 def run_llm(args) -> None:
-    from dp_textgrad._io import append_jsonl
     from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
     work = args.work_dir / "runs.jsonl"
@@ -159,7 +160,7 @@ def run_llm(args) -> None:
         if regime not in tasks:
             tasks[regime] = build_task(regime, args.data_dir)
         row = one_run(tasks[regime], engine, regime, alpha, eps, config, seed, accuracy.setdefault(regime, {}))
-        append_jsonl(work, row)
+        run_records.append_run(work, row)
         print(f"[{number}/{len(jobs)}] {regime} alpha={alpha:g} eps={eps:g} {config:22s} seed {seed}: "
               f"test {row['test_accuracy']:.3f} (seed prompt {row['seed_accuracy']:.3f}) in {row['seconds']:.0f}s",
               flush=True)
@@ -169,40 +170,18 @@ def run_key(row: dict[str, Any]) -> tuple:
     return row["regime"], row["alpha"], row["epsilon"], row["config"], row["seed"]
 
 
-def read_runs(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def restore_runs(results: Path, work_file: Path) -> int:
     """Append the runs of a results file that the work file lacks; returns how many."""
-    from dp_textgrad._io import append_jsonl
-
-    done = {run_key(r) for r in read_runs(work_file)}
-    rows = [r for r in json.loads(results.read_text(encoding="utf-8")).get("runs", []) if run_key(r) not in done]
-    for row in rows:
-        append_jsonl(work_file, row)
-    return len(rows)
+    return run_records.restore_runs(results, work_file, run_key)
 
 
-def public_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A run's row as the results file keeps it: the released prompt only as a fingerprint (smaller file)."""
-    kept = {k: v for k, v in row.items() if k != "released_prompt"}
-    if "released_prompt" in row:
-        kept["released_prompt_sha256"] = hashlib.sha256(row["released_prompt"].encode("utf-8")).hexdigest()[:16]
-        kept["released_prompt_chars"] = len(row["released_prompt"])
-    return kept
+public_row = run_records.prompt_fingerprint
+read_runs = run_records.read_runs
 
 
 def t_interval(values: list[float]) -> list[float] | None:
-    from scipy import stats
-
-    if len(values) < 2:
-        return None
-    mean, sem = float(np.mean(values)), float(stats.sem(values))
-    half = float(stats.t.ppf(0.975, len(values) - 1)) * sem
-    return [mean - half, mean + half]
+    interval = run_records.t_interval(values)
+    return None if interval is None else list(interval)
 
 
 def summarise_llm(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

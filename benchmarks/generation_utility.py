@@ -52,7 +52,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # privacy_utility and paired_bootstrap beside this file
 
-import privacy_utility as pu  # noqa: E402 - after the path insert
+import privacy_utility as pu  # noqa: E402
+import run_records  # noqa: E402 - after the path insert
 
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "generation_utility.json"
 DEFAULT_HEADROOM_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "generation_headroom.json"
@@ -199,7 +200,7 @@ def _record(
     **extra: Any,
 ) -> dict[str, Any]:
     scores = cache.scores(task, engine, prompt)
-    used = pu._usage_delta(before, pu._usage(engine))
+    used = run_records.usage_delta(before, run_records.usage(engine))
     row = {
         "regime": job.regime,
         "method": job.method,
@@ -226,7 +227,7 @@ def _record(
 
 
 def run_baseline(job: Job, task: Any, engine: Any, schedule: Schedule, cache: ScoreCache) -> dict[str, Any]:
-    before, started = pu._usage(engine), time.perf_counter()
+    before, started = run_records.usage(engine), time.perf_counter()
     if job.method == "seed":
         return _record(
             job,
@@ -277,7 +278,7 @@ def run_dp_es(job: Job, task: Any, engine: Any, schedule: Schedule, cache: Score
     variable = tg.Variable(
         task.seed_prompt, role_description=f"instruction prompt for {task.name}", requires_grad=True
     )
-    before, started = pu._usage(engine), time.perf_counter()
+    before, started = run_records.usage(engine), time.perf_counter()
     opt = DPEvolutionStrategy([variable], task=task, engine=engine, **settings)
     setup = time.perf_counter() - started
     per_generation: list[dict[str, Any]] = []
@@ -347,7 +348,7 @@ def run_tgd(job: Job, task: Any, engine: Any, schedule: Schedule, cache: ScoreCa
     def mean_score(text: str, indices: np.ndarray) -> float:
         return task.mean_score(engine, text, [private[i] for i in indices])
 
-    before, started = pu._usage(engine), time.perf_counter()
+    before, started = run_records.usage(engine), time.perf_counter()
     failures: list[str] = []
     accepted = 0
     for step in range(schedule.generations):
@@ -413,9 +414,7 @@ def run_grid(
     log: Callable[[str], None] = print,
 ) -> int:
     """Run the jobs not yet in ``work_file`` one after another, appending each; returns how many ran."""
-    from dp_textgrad._io import append_jsonl
-
-    done = {pu.run_key(r) for r in pu.read_runs(work_file)}
+    done = {pu.run_key(r) for r in run_records.read_runs(work_file)}
     todo = [j for j in jobs if j.key not in done]
     log(f"{len(done)} runs already in {work_file}; {len(todo)} to do")
     cache = ScoreCache()
@@ -428,7 +427,7 @@ def run_grid(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             row = run_job(job, task, engine, schedule, cache)
-        append_jsonl(work_file, row)
+        run_records.append_run(work_file, row)
         log(
             f"[{number}/{len(todo)}] {job.key}: test score {row['test_score']:.3f}"
             + (f", epsilon {row['epsilon_spent']:.3f}" if row["epsilon_spent"] else "")
@@ -452,7 +451,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         methods[method] = {
             "seeds": sorted(r["seed"] for r in runs),
             "score_mean": float(np.mean(values)),
-            "score_ci95": pu.t_interval(values),
+            "score_ci95": run_records.t_interval(values),
             "scores": values,
             "epsilon_spent_mean": (
                 float(np.mean([r["epsilon_spent"] for r in runs]))
@@ -664,7 +663,7 @@ def main(argv: list[str] | None = None, engine: Any = None) -> int:
             args.max_minutes,
             log=lambda line: print(line, flush=True),
         )
-    result = write_summary(pu.read_runs(work_file), args.output or DEFAULT_OUTPUT, schedule, command, args.task)
+    result = write_summary(run_records.read_runs(work_file), args.output or DEFAULT_OUTPUT, schedule, command, args.task)
     print(markdown_table(result["summary"]))
     return 0
 

@@ -72,7 +72,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # privacy_utility, paired_bootstrap beside this file
 
-import privacy_utility as pu  # noqa: E402 - after the path set-up
+import privacy_utility as pu  # noqa: E402
+import run_records  # noqa: E402 - after the path set-up
 from voting_cost import labelled_pool  # noqa: E402 - the same public pools as the vote-cost benchmark
 
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "labelling_utility.json"
@@ -281,7 +282,7 @@ def run_dplabels_dpes(
     if warmup:
         settings["warmup_generations"] = warmup
     prompt = tg.Variable(task.seed_prompt, role_description="instruction prompt for the classifier", requires_grad=True)
-    before = pu._usage(engine)
+    before = run_records.usage(engine)
     started = time.perf_counter()
     opt = DPEvolutionStrategy([prompt], task=task, engine=engine, **settings)  # calibrates labelling + search
     setup_seconds = time.perf_counter() - started
@@ -304,7 +305,7 @@ def run_dplabels_dpes(
     result = opt.finalise()
     accuracy = cache.get(job.regime, task, engine, result.prompt)
     wall = time.perf_counter() - started
-    used = pu._usage_delta(before, pu._usage(engine))
+    used = run_records.usage_delta(before, run_records.usage(engine))
     released = dict(result.labelling or {})
     record = pu.RunRecord(
         regime=job.regime,
@@ -363,7 +364,7 @@ def run_dplabels_kshot(
 
     pool = pool_for(regime, job.seed, labelling.queries)
     started = time.perf_counter()
-    before = pu._usage(engine)
+    before = run_records.usage(engine)
     labelling_seconds = 0.0
     if source is not None and source.get("labelling"):
         evaluation = ("gold", "label_correct", "label_accuracy", "inputs_match_pool")  # added by this benchmark
@@ -380,7 +381,7 @@ def run_dplabels_kshot(
     task = replace(regime.task, public_examples=demos)
     prompt, per_label = pu.kshot_prompt(task, schedule.kshot_per_label, job.seed)
     accuracy = cache.get(job.regime, task, engine, prompt)
-    used = pu._usage_delta(before, pu._usage(engine))
+    used = run_records.usage_delta(before, run_records.usage(engine))
     record = pu.RunRecord(
         regime=job.regime,
         method=job.method,
@@ -589,7 +590,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 arms[arm] = {
                     "seeds": [r["seed"] for r in runs],
                     "accuracy_mean": float(np.mean(accuracies)),
-                    "accuracy_ci95": pu.t_interval(accuracies),
+                    "accuracy_ci95": run_records.t_interval(accuracies),
                     "accuracies": accuracies,
                     "epsilon_spent_mean": _mean([r["epsilon_spent"] for r in runs]),
                     "labelling_epsilon_mean": _mean([lab.get("epsilon") for lab in labels]),
@@ -831,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = {r: build_regime(r, schedule, args.data_dir, labelling.min_words) for r in regimes}
         sizes = {r: (len(t.task.test), len(t.task.private_train)) for r, t in tasks.items()}
     else:
-        sizes = {r["regime"]: (r["n_test"], r["dataset_size"]) for r in pu.read_runs(work_file) if r["arm"] == "seed"}
+        sizes = {r["regime"]: (r["n_test"], r["dataset_size"]) for r in run_records.read_runs(work_file) if r["arm"] == "seed"}
     reused, reuse_note = (
         ([], {"reused": False, "why": "--rerun-public"})
         if args.rerun_public
@@ -839,10 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     if not args.summarise_only:
-        from dp_textgrad._io import append_jsonl
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
-        done = {run_key(r): r for r in pu.read_runs(work_file)}
+        done = {run_key(r): r for r in run_records.read_runs(work_file)}
         reused_keys = {run_key(r) for r in reused}
         jobs = [j for j in plan_jobs(regimes, arms, epsilons, seeds) if j.key not in done and j.key not in reused_keys]
         print(
@@ -860,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 row = run_job(job, tasks[job.regime], engine, schedule, cache, labelling, done)
-            append_jsonl(work_file, row)
+            run_records.append_run(work_file, row)
             done[job.key] = row
             lab = row.get("labelling") or {}
             print(
@@ -875,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         engine.close()
-    rows = merged_rows(pu.read_runs(work_file), reused)
+    rows = merged_rows(run_records.read_runs(work_file), reused)
     result = write_summary(rows, args.output, schedule, labelling, command, reuse_note, args.reuse_from, warmup_note)
     print(table(result))
     print(f"wrote {args.output}")

@@ -66,6 +66,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # paired_bootstrap beside this file
 
+import run_records  # noqa: E402 - beside this file
+
 # privacy_utility.json holds the earlier grid (3 seeds, 200 test records, 24 records per
 # generation), which benchmarks/federated.py reads; the powered grid has its own files.
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "privacy_utility_powered.json"
@@ -210,14 +212,6 @@ class AccuracyCache:
         return bits.count("1") / len(bits)
 
 
-def _usage(engine) -> dict[str, float]:
-    return engine.usage.as_dict()
-
-
-def _usage_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before[k] for k in ("calls", "prompt_tokens", "completion_tokens", "seconds")}
-
-
 def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
     from dp_textgrad import DPEvolutionStrategy, textgrad
 
@@ -248,7 +242,7 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
         raise ValueError(f"method: unknown {job.method!r}")
     prompt = tg.Variable(task.seed_prompt, role_description="instruction prompt for the classifier",
                          requires_grad=True)
-    before = _usage(engine)
+    before = run_records.usage(engine)
     started = time.perf_counter()
     opt = DPEvolutionStrategy([prompt], task=task, engine=engine, **settings)  # calibrates (memoised per schedule)
     if flat_start:  # generation 0 from rule edits only, as before the structured start
@@ -267,7 +261,7 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
     result = opt.finalise()
     accuracy = cache.get(job.regime, task, engine, result.prompt)
     wall = time.perf_counter() - started
-    used = _usage_delta(before, _usage(engine))
+    used = run_records.usage_delta(before, run_records.usage(engine))
     return RunRecord(
         regime=job.regime, method=job.method, seed=job.seed, epsilon_target=epsilon_target,
         epsilon_spent=None if result.unsafe else float(result.epsilon), delta=float(opt.config.delta),
@@ -313,7 +307,7 @@ def run_tgd(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) ->
     def exact_accuracy(text: str, indices: np.ndarray) -> float:
         return task.accuracy(engine, text, [private[i] for i in indices])
 
-    before = _usage(engine)
+    before = run_records.usage(engine)
     started = time.perf_counter()
     per_generation: list[dict[str, Any]] = []
     failures: list[str] = []
@@ -350,7 +344,7 @@ def run_tgd(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) ->
         per_generation.append(row)
     accuracy = cache.get(job.regime, task, engine, prompt.value)
     wall = time.perf_counter() - started
-    used = _usage_delta(before, _usage(engine))
+    used = run_records.usage_delta(before, run_records.usage(engine))
     return RunRecord(
         regime=job.regime, method=job.method, seed=job.seed, epsilon_target=None, epsilon_spent=None, delta=None,
         dataset_size=len(private), test_accuracy=accuracy, n_test=len(task.test), released_prompt=prompt.value,
@@ -362,10 +356,10 @@ def run_tgd(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) ->
 
 
 def run_seed(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
-    before = _usage(engine)
+    before = run_records.usage(engine)
     started = time.perf_counter()
     accuracy = cache.get(job.regime, task, engine, task.seed_prompt)
-    used = _usage_delta(before, _usage(engine))
+    used = run_records.usage_delta(before, run_records.usage(engine))
     return RunRecord(
         regime=job.regime, method="seed", seed=job.seed, epsilon_target=None, epsilon_spent=0.0, delta=None,
         dataset_size=len(task.private_train), test_accuracy=accuracy, n_test=len(task.test),
@@ -395,11 +389,11 @@ def kshot_prompt(task, per_label: int, seed: int, max_chars: int = 1500) -> tupl
 
 
 def run_kshot(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) -> RunRecord:
-    before = _usage(engine)
+    before = run_records.usage(engine)
     started = time.perf_counter()
     prompt, per_label = kshot_prompt(task, schedule.kshot_per_label, job.seed)
     accuracy = cache.get(job.regime, task, engine, prompt)
-    used = _usage_delta(before, _usage(engine))
+    used = run_records.usage_delta(before, run_records.usage(engine))
     return RunRecord(
         regime=job.regime, method="kshot", seed=job.seed, epsilon_target=None, epsilon_spent=0.0, delta=None,
         dataset_size=len(task.private_train), test_accuracy=accuracy, n_test=len(task.test),
@@ -426,13 +420,7 @@ def run_job(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) ->
 
 def restore_runs(results: Path, work_file: Path) -> int:
     """Append the runs of a results file that the work file lacks; returns how many."""
-    from dp_textgrad._io import append_jsonl
-
-    done = {run_key(r) for r in read_runs(work_file)}
-    rows = [r for r in json.loads(results.read_text(encoding="utf-8"))["runs"] if run_key(r) not in done]
-    for r in rows:
-        append_jsonl(work_file, r)
-    return len(rows)
+    return run_records.restore_runs(results, work_file, run_key)
 
 
 def run_key(row: dict[str, Any]) -> str:
@@ -440,22 +428,7 @@ def run_key(row: dict[str, Any]) -> str:
     return Job(row["regime"], row["method"], row["seed"]).key
 
 
-def read_runs(path: Path) -> list[dict[str, Any]]:
-    from dp_textgrad._io import read_jsonl
-
-    return list(read_jsonl(path)) if path.is_file() else []
-
-
-def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    from scipy import stats
-
-    if len(values) < 2:
-        return None
-    mean, sem = float(np.mean(values)), float(stats.sem(values))
-    if sem == 0.0:
-        return (mean, mean)
-    low, high = stats.t.interval(level, len(values) - 1, loc=mean, scale=sem)
-    return (float(low), float(high))
+read_runs, t_interval = run_records.read_runs, run_records.t_interval
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -723,7 +696,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{restored} runs restored from {args.restore_from}", flush=True)
     img_dir = None if args.no_plots else args.img_dir
     if not args.summarise_only:
-        from dp_textgrad._io import append_jsonl
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
         index, count = (int(v) for v in args.shard.split("/"))
@@ -751,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 record = run_job(job, tasks[job.regime], engine, schedule, cache)
-            append_jsonl(work_file, asdict(record))
+            run_records.append_run(work_file, asdict(record))
             print(f"[{number}/{len(jobs)}] {job.key}: test accuracy {record.test_accuracy:.3f}"
                   + (f", epsilon {record.epsilon_spent:.3f}" if record.epsilon_spent else "")
                   + f" ({time.perf_counter() - t0:.0f} s)", flush=True)

@@ -16,11 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dp_textgrad.privacy.accounting.bounds import format_epsilon
 from dp_textgrad.privacy.accounting.lifetime import (
     LifetimeBudget,
     LifetimeCapExceeded,
     LifetimeTotal,
 )
+
+# The dataset key offered for non-private baselines (privacy off, unsafe mode): their charges are
+# infinite, so under the data's own key (or fingerprint) they would leave every later run on it an
+# infinite lifetime bound. Under this key they do not; their outputs must then never be released.
+SCRATCH_DATASET_KEY = "scratch-baselines"
+SCRATCH_KEY_HINT = f"--dataset-key {SCRATCH_DATASET_KEY}, or output.dataset_key in the run file"
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class LifetimeStatus:
     with_plan_filter: float = 0.0  # the filter bound with the whole plan: what the cap is checked against
     run_delta: float | None = None  # this run's own delta
     resumed: bool = False
+    not_private: bool = False  # this run reads the records without noise (privacy off, unsafe mode)
 
     def charges_what(self) -> str:
         """Which lifetime this run charges (a declared key is public; a fingerprint is never shown)."""
@@ -88,8 +96,8 @@ class LifetimeStatus:
             "no earlier charges"
             if not self.before.charges
             else (
-                f"epsilon {self.before.epsilon:.4g} spent in {self.before.charges} charge(s) "
-                f"({self.before.accountant}; filter bound {self.before.filter_epsilon:.4g})"
+                f"epsilon {format_epsilon(self.before.epsilon)} spent in {self.before.charges} charge(s) "
+                f"({self.before.accountant}; filter bound {format_epsilon(self.before.filter_epsilon)})"
             )
         )
         cap = (
@@ -109,9 +117,16 @@ class LifetimeStatus:
                 f"{self.before.delta:g}"
             )
         )
+        warning = (
+            f"; THIS RUN IS NOT PRIVATE: it reads the records without noise, so the lifetime bound of "
+            f"{self.charges_what()} becomes infinite for every later run on it; keep baselines apart from the "
+            f"data's real lifetime with a scratch key ({SCRATCH_KEY_HINT})"
+            if self.not_private and self.dataset_key != SCRATCH_DATASET_KEY
+            else ""
+        )
         return (
             f"charging {self.charges_what()}; lifetime delta {self.before.delta:g}; this dataset so far: "
-            f"{spent}{unsafe}; after this run at most {self.with_plan:.4g}; {cap}{larger} "
+            f"{spent}{unsafe}; after this run at most {format_epsilon(self.with_plan)}; {cap}{larger}{warning} "
             f"[store {self.store}; {max(earlier, 0)} other run(s)]"
         )
 
@@ -237,6 +252,7 @@ def attach(
         with_plan_filter=projected.filter_epsilon,
         run_delta=ledger.delta,
         resumed=resume,
+        not_private=bool(ledger.unsafe),
     )
 
 
@@ -268,8 +284,8 @@ def describe_dataset(
             f"  {r.run_id}  {when} UTC  budget eps {r.epsilon_budget:g} delta {r.delta:g}  {r.charges} charge(s){flags}"
         )
     by = ", ".join(f"{k} {v:.4g}" for k, v in sorted(total.by_accountant.items()) if math.isfinite(v))
-    shown = "inf (a run was not private)" if total.unsafe_runs else f"{total.epsilon:.4g}"
-    bound = "inf" if total.unsafe_runs else f"{filtered.filter_epsilon:.4g}"
+    shown = "inf (a run was not private)" if total.unsafe_runs else format_epsilon(total.epsilon)
+    bound = "inf" if total.unsafe_runs else format_epsilon(filtered.filter_epsilon)
     lines.append(
         f"  lifetime epsilon {shown} at delta {at:g}: all charges composed, smallest valid bound "
         f"({total.accountant}); {by}"

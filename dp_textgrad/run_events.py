@@ -56,6 +56,8 @@ class RunStarted:
     epsilon_spent: float  # the ledger's epsilon so far (released: ledger.jsonl)
     charges: int  # the ledger's entries so far (released: ledger.jsonl)
     interrupted_charges: int  # charges of an interrupted generation (resume)
+    task_kind: str = "classify"  # the task family: classify or generate (public)
+    metric: str = "accuracy"  # the task's metric name (public: the run file's)
 
     @classmethod
     def of(cls, optimizer: Any, *, resumed: bool) -> RunStarted:
@@ -73,6 +75,8 @@ class RunStarted:
             epsilon_spent=optimizer.ledger.epsilon(),
             charges=len(optimizer.ledger.entries),
             interrupted_charges=optimizer.interrupted_charges,
+            task_kind=str(getattr(optimizer.task, "kind", "classify")),
+            metric=str(getattr(optimizer.task, "metric_name", "accuracy")),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,6 +103,8 @@ class RunStarted:
                 "generation": self.generation,
                 "epsilon_spent": self.epsilon_spent,
                 "interrupted_charges": self.interrupted_charges,
+                "task_kind": self.task_kind,
+                "metric": self.metric,
             },
         )
 

@@ -13,6 +13,10 @@ or these constants, never by spelling them (``tests/test_architecture.py`` check
 Every structured file goes through :mod:`dp_textgrad.privacy.release`: its released part is
 written here, its operator-only part under ``operator/`` (real private-phase usage and
 time, raw engine error text), which nothing that is shared reads.
+
+Clocks are released too: every file and folder of a run directory outside ``operator/``, and
+the run log, carries the fixed modification time :data:`RELEASED_FILE_TIME`, never the time it
+was written (which would time the private phase, and survives tar, zip and copies).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ SCORES_PLOT_NAME = "scores.png"
 LINEAGE_PLOT_NAME = "lineage.png"
 AUDIT_ROC_PLOT_NAME = "audit_roc.png"
 AUDIT_NAME = "audit.json"
-CLI_SETTINGS_NAME = "cli_settings.json"
+CLI_SETTINGS_NAME = "cli_settings.json"  # under operator/: the run file's settings, absolute paths included
 # A federated run's directory, besides the files above (docs/federated.md).
 FEDERATION_NAME = "federation.json"  # placement, public silo sizes, guarantee per adversary
 FEDERATION_SETTINGS_NAME = "federation_settings.json"  # the settings it started with (what --resume reads)
@@ -65,6 +69,10 @@ RELEASES_DIR = "releases"  # under operator/: the write-ahead journal of release
 RUN_SECRET_NAME = "run_secret"  # under operator/: the seed of every charge's subsample (never released)
 ERRORS_LOG_NAME = "errors.log"  # under operator/: raw engine error text
 AUDIT_SECONDS_NAME = "audit_seconds.json"  # under operator/: an end-to-end audit's wall time
+# The modification time of every released file and folder (2000-01-01T00:00:00Z): a constant, so
+# every writer and every later command (report, audit) stamps alike without state; zip stores no
+# time before 1980, so not the epoch. Files under operator/ keep their real times.
+RELEASED_FILE_TIME = 946684800.0
 OPERATOR_README = (
     "Operator-only values: derived from private data WITHOUT noise (real usage, tokens and wall time of\n"
     "the private scoring phase; raw engine error text). They are not covered by the run's (epsilon, delta)\n"
@@ -123,7 +131,11 @@ class RunDir:
 
     @property
     def cli_settings(self) -> Path:
-        return self.path / CLI_SETTINGS_NAME
+        """The command line's settings (operator-only: they hold the private file's path and name), which
+        ``optimize --resume`` rebuilds the task and engine from; a run made before they moved under
+        operator/ keeps them beside its other files."""
+        legacy = self.path / CLI_SETTINGS_NAME
+        return legacy if legacy.is_file() else self.operator / CLI_SETTINGS_NAME
 
     @property
     def federation(self) -> Path:
@@ -236,10 +248,15 @@ class RunDir:
             lines = list(_io.read_jsonl(path))
             kept = [line for line in lines if int(line.get("generation", -1)) < generations]
             if len(kept) != len(lines):
-                _io.atomic_write_text(path, "".join(json.dumps(line, sort_keys=True) + "\n" for line in kept))
+                released = path == self.metrics
+                _io.atomic_write_text(
+                    path,
+                    "".join(json.dumps(line, sort_keys=True) + "\n" for line in kept),
+                    RELEASED_FILE_TIME if released else None,
+                )
 
     def write_state(self, state: RunState) -> None:
-        _io.atomic_write_json(self.checkpoint, release.released("checkpoint", state.to_dict()))
+        _io.atomic_write_json(self.checkpoint, release.released("checkpoint", state.to_dict()), RELEASED_FILE_TIME)
 
 
 CHECKPOINT_FORMAT = 2  # 1: the calibrated parameter stored as noise_multiplier / selection_epsilon
@@ -373,11 +390,42 @@ def utc_now() -> str:
 def operator_dir(run_dir: str | Path) -> Path:
     """``<run_dir>/operator/``, created with its do-not-share README."""
     path = Path(run_dir) / OPERATOR_DIR
+    created = not path.is_dir()
     path.mkdir(parents=True, exist_ok=True)
     readme = path / OPERATOR_README_NAME
     if not readme.exists():
         _io.atomic_write_text(readme, OPERATOR_README)
+    if created:  # the new entry changed the released folder's time (perhaps in the private phase)
+        _io.set_mtime(run_dir, RELEASED_FILE_TIME)
     return path
+
+
+def stamp_released(run_dir: str | Path) -> None:
+    """Give every file and folder of ``run_dir`` outside ``operator/`` (the folder itself last) the
+    public time :data:`RELEASED_FILE_TIME`.
+
+    Called at the end of every path that writes into a run directory, so a write that left a real
+    time (a kill in between, a writer that forgot) is stamped by the next one.
+    """
+    top = Path(run_dir)
+    if not top.is_dir():
+        return
+    folders: list[Path] = []
+    for here, subfolders, files in os.walk(top):
+        if Path(here) == top and OPERATOR_DIR in subfolders:
+            subfolders.remove(OPERATOR_DIR)  # operator-only: its real times stay
+        for name in files:
+            _stamp(Path(here) / name)
+        folders.append(Path(here))
+    for folder in reversed(folders):  # deepest first, the run directory last
+        _stamp(folder)
+
+
+def _stamp(path: Path) -> None:
+    try:
+        os.utime(path, (RELEASED_FILE_TIME, RELEASED_FILE_TIME), follow_symlinks=False)
+    except FileNotFoundError:  # a temporary file renamed or removed meanwhile
+        pass
 
 
 def lifetime_store(runs_root: str | Path) -> Path:
@@ -400,7 +448,7 @@ def write_released_json(run_dir: str | Path, name: str, channel: str, payload: d
     public, private = release.split(channel, payload)
     if private:
         _io.atomic_write_json(operator_dir(run_dir) / name, private)
-    _io.atomic_write_json(Path(run_dir) / name, public)
+    _io.atomic_write_json(Path(run_dir) / name, public, RELEASED_FILE_TIME)
 
 
 def append_released_jsonl(
@@ -411,7 +459,7 @@ def append_released_jsonl(
     public, private = release.split(channel, record)
     if private:
         _io.append_jsonl(operator_dir(run_dir) / name, {**(key or {}), **private})
-    _io.append_jsonl(Path(run_dir) / name, public)
+    _io.append_jsonl(Path(run_dir) / name, public, RELEASED_FILE_TIME)
 
 
 def write_operator_json(run_dir: str | Path, name: str, payload: Any) -> None:
@@ -431,14 +479,15 @@ def append_run_log(
     """Append one JSON line to ``<root>/run_metadata.jsonl`` (safe under concurrent runs).
 
     Its operator-only fields go to ``<run_dir>/operator/run_metadata.jsonl`` instead (and
-    nowhere when no run directory is given).
+    nowhere when no run directory is given). The log keeps the public file time: appended at a
+    run's end, its own time would time the run.
     """
     path = Path(root) / RUN_LOG_NAME
     entry = {"code_version": code_version(), **record}
     public, private = release.split(channel, entry)
     if private and run_dir is not None:
         _io.append_jsonl(operator_dir(run_dir) / RUN_LOG_NAME, private)
-    _io.append_jsonl(path, public)
+    _io.append_jsonl(path, public, RELEASED_FILE_TIME)
     return path
 
 
@@ -448,7 +497,18 @@ def read_run_log(root: str | Path) -> Iterator[dict[str, Any]]:
 
 
 def write_json(path: str | Path, payload: Any) -> None:
-    _io.atomic_write_json(path, payload)
+    """Write a released JSON file of a run directory, atomically, with the public file time."""
+    _io.atomic_write_json(path, payload, RELEASED_FILE_TIME)
+
+
+def write_released_text(path: str | Path, text: str) -> None:
+    """Write a released text file of a run directory (the released prompt), as :func:`write_json`."""
+    _io.atomic_write_text(path, text, RELEASED_FILE_TIME)
+
+
+def write_released_bytes(path: str | Path, data: bytes) -> None:
+    """Write a released binary file of a run directory (a plot), as :func:`write_json`."""
+    _io.atomic_write_bytes(path, data, RELEASED_FILE_TIME)
 
 
 def read_json(path: str | Path) -> Any:

@@ -4,11 +4,16 @@ A tracker is an observer of the run's event stream (:mod:`dp_textgrad.run_events
 logs exactly the dicts ``optimize --json`` prints (each event's ``as_dict()``, which passed
 the release table), and after the run only the run directory's released files (report,
 plots, result, released prompt). Nothing here reads the operator folder.
+
+Its clock is public too: the wall clock read after the run has started would time the private
+phase, so the run's start is the time the tracker was built (whole seconds), every timestamp
+after it is the start plus the step in seconds, and the end is one second after the last step.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,7 +67,9 @@ class MlflowTracker(EventDicts):
     ``tracking_uri``: e.g. ``file:./mlruns`` or ``http://127.0.0.1:5000`` (None: MLflow's
     own default, ``MLFLOW_TRACKING_URI``). Parameters come from the lifetime and start
     events, metrics per generation (step = generation), the final values from the finished
-    event, and the released files as artifacts.
+    event, and the released files as artifacts. Build it before the run starts: its start time
+    (``started_ms``) is read then, and every later timestamp is ``started_ms`` plus the step in
+    whole seconds (the end: the last step plus one), never the wall clock.
     """
 
     def __init__(self, tracking_uri: str | None, experiment: str = "dp-textgrad") -> None:
@@ -89,6 +96,9 @@ class MlflowTracker(EventDicts):
                 f"output.mlflow: cannot use the tracking store {tracking_uri!r}: {str(exc).splitlines()[0][:200]}{hint}"
             ) from exc
         self.run_id: str | None = None
+        # Read before the run starts, so public; later timestamps count steps from it (public_time).
+        self.started_ms = int(time.time()) * 1000
+        self.last_step = 0
         super().__init__(self)  # each event's release-safe dict goes to __call__
 
     def on_finish(self, event: RunFinished) -> None:
@@ -100,8 +110,14 @@ class MlflowTracker(EventDicts):
 
     def _run(self) -> str:
         if self.run_id is None:
-            self.run_id = self.client.create_run(self.experiment_id, tags={"dp_textgrad": "true"}).info.run_id
+            self.run_id = self.client.create_run(
+                self.experiment_id, start_time=self.started_ms, tags={"dp_textgrad": "true"}
+            ).info.run_id
         return self.run_id
+
+    def public_time(self, step: int) -> int:
+        """The timestamp (ms) of ``step``: the start plus ``step`` seconds (a function of public events only)."""
+        return self.started_ms + 1000 * step
 
     def _params(self, payload: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -114,11 +130,10 @@ class MlflowTracker(EventDicts):
         self.client.log_batch(self._run(), params=params)
 
     def _metrics(self, values: dict[str, float], step: int) -> None:
-        import time
-
         from mlflow.entities import Metric
 
-        stamp = int(time.time() * 1000)
+        self.last_step = max(self.last_step, step)
+        stamp = self.public_time(step)
         self.client.log_batch(self._run(), metrics=[Metric(k, v, stamp, step) for k, v in sorted(values.items())])
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -152,21 +167,25 @@ class MlflowTracker(EventDicts):
             run = self._run()
             self.client.set_tag(run, "stopped_because", str(event.get("stopped_because"))[:_PARAM_LIMIT])
             self.client.set_tag(run, "run_dir", Path(str(event.get("run_dir", ""))).name)
-            self.client.log_text(run, str(event.get("prompt", "")), runs.PROMPT_NAME)
 
     def finish(self, run_dir: Path) -> None:
-        """Log the released files and close the MLflow run as finished."""
+        """Log the released files and close the MLflow run as finished.
+
+        A local artifact store copies each file with its modification time (the public
+        ``runs.RELEASED_FILE_TIME``); the store's own folders and records, and a remote server,
+        note when they got them (the operator's view, docs/privacy.md)."""
         run = self._run()
         for name in ARTIFACTS:
             if (Path(run_dir) / name).is_file():
                 self.client.log_artifact(run, str(Path(run_dir) / name))
         if (Path(run_dir) / PLOTS).is_dir():
             self.client.log_artifacts(run, str(Path(run_dir) / PLOTS), PLOTS)
-        self.client.set_terminated(run, "FINISHED")
+        self.client.set_terminated(run, "FINISHED", end_time=self.public_time(self.last_step + 1))
 
     def fail(self, reason: str) -> None:
         """Close the MLflow run as failed; ``reason`` is the class of the error only."""
         if self.run_id is not None:
             self.client.set_tag(self.run_id, "failed_with", reason)
             stopped = reason in ("StopAfterCheckpoint", "KeyboardInterrupt")  # resumable: not a failure
-            self.client.set_terminated(self.run_id, "KILLED" if stopped else "FAILED")
+            status = "KILLED" if stopped else "FAILED"
+            self.client.set_terminated(self.run_id, status, end_time=self.public_time(self.last_step + 1))

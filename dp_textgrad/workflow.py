@@ -368,7 +368,7 @@ def run(
     except BudgetExceeded:
         _log_failure(directory, optimizer, "budget exhausted before generation 0 finished: nothing released")
         raise
-    (directory / runs.PROMPT_NAME).write_text(result.prompt + "\n", encoding="utf-8")
+    runs.write_released_text(directory / runs.PROMPT_NAME, result.prompt + "\n")
     evaluation = None
     if evaluate and task.test:
         evaluation = paired_evaluation(task, engine, seed_text, result.prompt)
@@ -401,6 +401,7 @@ def _log_failure(directory: Path, optimizer: DPEvolutionStrategy, why: str) -> N
         },
         run_dir=directory,
     )
+    runs.stamp_released(directory)  # what the run wrote before it failed keeps no time of its private phase
 
 
 def check_resumable(directory: str | Path) -> None:
@@ -439,6 +440,7 @@ def complete_finished(directory: str | Path, seconds: float | None = None) -> bo
         line.get("event") == "finished" and line.get("run_dir") == directory.name
         for line in runs.read_run_log(directory.parent)
     ):
+        runs.stamp_released(directory)  # completed again (after a kill): heal the times the kill left
         return False
     stopped = str(result.get("stopped_because") or "")
     runs.append_run_log(
@@ -464,4 +466,5 @@ def complete_finished(directory: str | Path, seconds: float | None = None) -> bo
         },
         run_dir=directory,
     )
+    runs.stamp_released(directory)  # every released file and folder gets the public time
     return True

@@ -68,6 +68,13 @@ _TEMPLATES = [
 ]
 
 
+class ExactRuleEngine(RuleEngine):
+    """A RuleEngine that declares what it is: scores that are a pure function of the text, with no
+    state between calls (``deterministic_scores``), as a labelling phase requires of its engine."""
+
+    deterministic_scores = True
+
+
 def make_records(n: int, seed: int = 0) -> list[Example]:
     """Synthetic support tickets; about half mention their own label, half a random word."""
     rng = np.random.default_rng(seed)

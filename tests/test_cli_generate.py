@@ -110,7 +110,10 @@ def test_a_non_binary_metric_gets_bootstrap_intervals_in_the_report(tmp_path, en
     write_report(run_dir)
     report = (run_dir / "report.md").read_text(encoding="utf-8")
     assert "token F1, n = 24 [95% bootstrap interval]" in report and "McNemar" not in report
-    assert "DP failure-histogram feedback" in report  # not the classification's confusion matrix
+    # One generation: no feedback is read, so none was charged, and the report says none (issue 47).
+    ledger = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()[1:]]
+    assert ledger and not any(entry["metadata"].get("feedback_candidates") for entry in ledger)
+    assert "feedback" not in report.split("## Guarantee")[0] and "histogram feedback" not in report
     assert "Test token F1" in result.output and "bootstrap" in result.output
 
 
@@ -249,3 +252,28 @@ def test_an_old_evaluation_block_still_renders_with_wilson_intervals() -> None:
            "difference_low": 0.1, "difference_high": 0.4, "mcnemar_p": 0.01, "discordant": [12, 2]}
     text = "\n".join(evaluation({"evaluation": old}, None))
     assert "accuracy, n = 40 [95% Wilson interval]" in text and "McNemar" in text
+
+
+def test_ledger_finds_a_generation_files_runs(tmp_path, engines) -> None:
+    # Issue 46: `ledger --dataset FILE` read every file as classification data (asking for a label
+    # column), then said "no runs recorded" for a generation file with runs.
+    config = gen_config(tmp_path, engine="kind: openai\n  model: local\n  base_url: http://127.0.0.1:9/v1")
+    for _ in range(3):
+        done = runner.invoke(cli.app, ["optimize", "--config", str(config), "--generations", "1"], terminal_width=200)
+        assert done.exit_code == 0, done.output
+    listing = runner.invoke(cli.app, ["ledger", "--dataset", str(tmp_path / "data" / "train.jsonl"), "--target-column",
+                                      "answer.city", "--runs-root", str(tmp_path / "runs")], terminal_width=200)
+    assert listing.exit_code == 0, listing.output
+    assert listing.output.count("run-") == 3 and "no runs recorded" not in listing.output
+
+
+def test_the_console_names_the_task_family_and_its_metric(tmp_path, engines) -> None:
+    # Issue 46: the progress line said "best estimate" of an unnamed score on a generation task.
+    config = gen_config(tmp_path, engine="kind: openai\n  model: local\n  base_url: http://127.0.0.1:9/v1")
+    result = runner.invoke(cli.app, ["optimize", "--config", str(config)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "Task: generation (the prompt writes an answer), scored by exact match" in text
+    assert "generation 1/2: best estimate of exact match" in text
+    start = json.loads(runner.invoke(cli.app, ["optimize", "--config", str(config), "--json"]).output.splitlines()[1])
+    assert start["event"] == "start" and (start["task_kind"], start["metric"]) == ("generate", "exact")

@@ -151,3 +151,114 @@ def test_mlflow_help_names_the_extra_to_install(command) -> None:
     text = runner.invoke(cli.app, [command, "--help"], env={"COLUMNS": "400"}).output
     (line,) = [line for line in text.splitlines() if "--mlflow" in line]
     assert "pip install 'dp-textgrad[mlflow]'" in line
+
+
+# -- issue 46: a newcomer's edges ------------------------------------------------------------------
+def test_task_help_lists_every_built_in_task() -> None:
+    from dp_textgrad.cli._run_file import BUILTIN_TASKS
+    from dp_textgrad.tasks.registry import available_tasks
+
+    assert sorted(BUILTIN_TASKS) == available_tasks()
+    for command in ("optimize", "ledger"):
+        text = " ".join(CliRunner().invoke(cli.app, [command, "--help"], terminal_width=200).output.split())
+        assert all(name in text for name in available_tasks()), (command, text)
+
+
+def test_plain_output_never_wraps_the_released_prompt_or_the_run_directory(tmp_path, monkeypatch) -> None:
+    from tests.test_cli import scripted, write_csv
+
+    (tmp_path / "data").mkdir()
+    write_csv(tmp_path / "data" / "train.csv", 60)
+    write_csv(tmp_path / "data" / "test.csv", 6)
+    seed = "Read the customer's message carefully and answer with the one category it belongs to, in lower case."
+    monkeypatch.setattr(EngineSection, "build", lambda section: scripted())
+    deep = tmp_path / "a-rather-long-folder-name-for-the-runs" / "and-another-level-below-it" / "runs"
+    config = tmp_path / "run.toml"
+    config.write_text(f'[task]\nseed_prompt = "{seed}"\n', encoding="utf-8")
+    result = CliRunner().invoke(cli.app, [
+        "optimize", "--config", str(config), "--train", str(tmp_path / "data" / "train.csv"), "--test",
+        str(tmp_path / "data" / "test.csv"), "--runs-root", str(deep), "--generations", "1", "--population", "2",
+        "--parents", "1", "--sampling-rate", "0.5"], terminal_width=80)  # a pipe: not a terminal
+    assert result.exit_code == 0, result.output
+    (run_dir,) = deep.glob("run-*")
+    prompt = json.loads((run_dir / "result.json").read_text())["prompt"]
+    lines = result.output.splitlines()
+    assert all(line in lines for line in prompt.splitlines()), result.output
+    assert any(str(run_dir) in line for line in lines), result.output
+
+
+def test_a_privacy_off_banner_does_not_say_n_was_declared(tmp_path, monkeypatch) -> None:
+    from tests.test_cli import scripted, write_csv
+
+    (tmp_path / "data").mkdir()
+    write_csv(tmp_path / "data" / "train.csv", 60)
+    write_csv(tmp_path / "data" / "test.csv", 6)
+    monkeypatch.setattr(EngineSection, "build", lambda section: scripted())
+    config = tmp_path / "run.toml"
+    config.write_text('[dp]\nprivacy = "off"\n', encoding="utf-8")
+    result = CliRunner().invoke(cli.app, [
+        "optimize", "--config", str(config), "--train", str(tmp_path / "data" / "train.csv"), "--test",
+        str(tmp_path / "data" / "test.csv"), "--runs-root", str(tmp_path / "runs"), "--generations", "1"],
+        terminal_width=200)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "N declared public" not in text and "N the real count: privacy off" in text
+
+
+def test_the_population_mean_is_over_every_candidate_scored(tmp_path) -> None:
+    # The report's "population mean" was the mean over the candidates kept for the next generation.
+    import numpy as np
+
+    import dp_textgrad
+    from dp_textgrad.tasks.synthetic import make_support_task
+    from tests.helpers import support_engine
+
+    task = make_support_task(seed=0, n_private=80, n_test=4)
+    outcome = dp_textgrad.optimize(task, support_engine(), runs_root=tmp_path, epsilon=4.0, generations=2,
+                                   population=4, parents=1, sampling_rate=0.5, dataset_size=80, evaluate=False,
+                                   insecure_noise_seed=1)
+    ledger = [json.loads(line) for line in (outcome.run_dir / "ledger.jsonl").read_text().splitlines()[1:]]
+    for report in outcome.result.history:
+        (entry,) = [e for e in ledger if e["label"].startswith(f"generation {report.generation}:")]
+        scored = entry["metadata"]["candidate_ids"]
+        estimates = [next(s.estimate for s in outcome.optimizer.population.get(cid).evaluations
+                          if s.generation == report.generation) for cid in scored]
+        assert len(scored) == 4 and report.mean_estimate == pytest.approx(float(np.mean(estimates)))
+
+
+# -- issue 46: budget --config plans exactly what optimize --config runs ----------------------------
+RUN_FILES = sorted((Path(__file__).resolve().parents[1] / "examples" / "run_files").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("run_file", RUN_FILES, ids=[p.stem for p in RUN_FILES])
+def test_budget_config_plans_what_optimize_config_runs(run_file, tmp_path, monkeypatch) -> None:
+    planned = runner.invoke(cli.app, ["budget", "--config", str(run_file)])
+    assert planned.exit_code == 0, planned.output
+    z_plan = float(re.search(r"noise multiplier z = ([0-9.]+)", planned.output).group(1))
+    q_plan = float(re.search(r"; q = ([0-9.]+)", planned.output).group(1))
+
+    def factory(section):
+        engine = ScriptedEngine(responses=list(PROMPTS), choice_rule=RULE)
+        engine.instruction_following = section.follows_instructions()
+        return engine
+
+    monkeypatch.setattr(EngineSection, "build", factory)
+    runs_root = tmp_path / "runs"
+    ran = runner.invoke(cli.app, ["optimize", "--config", str(run_file), "--runs-root", str(runs_root)])
+    assert ran.exit_code in (0, cli.EXIT_STOPPED_EARLY), ran.output
+    (run_dir,) = runs_root.glob("run-*")
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert z_plan == pytest.approx(saved["noise_multiplier"], abs=1e-4)
+    assert q_plan == pytest.approx(saved["config"]["sampling_rate"], rel=1e-3)
+    assert saved["config"]["generations"] == int(re.search(r"generations: (\d+)", run_file.read_text()).group(1))
+
+
+def test_budget_config_refuses_a_rate_only_the_run_can_know(tmp_path) -> None:
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("task:\n  name: support\ndp:\n  epsilon: 2\n  sampling_rate: auto\n", encoding="utf-8")
+    result = runner.invoke(cli.app, ["budget", "--config", str(run_file)])
+    assert result.exit_code == cli.EXIT_BAD_INPUT
+    line = one_error_line(result)
+    assert line.startswith("error: sampling_rate:") and "dp.dataset_size" in line
+    declared = runner.invoke(cli.app, ["budget", "--config", str(run_file), "--dataset-size", "900"])
+    assert declared.exit_code == cli.EXIT_BAD_INPUT and "--dataset-size" in one_error_line(declared)

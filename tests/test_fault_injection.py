@@ -34,7 +34,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the harness for
 
 def test_kill_nine_engine_failures_and_a_full_disk_lose_nothing(tmp_path) -> None:
     def trial(lab: FaultLab) -> None:
-        for number in range(60):
+        # 40 trials per lane: measured alone, 36 per lane took 127 s and gave 68 kills, 5 store-ahead
+        # kills, 63 resumes and 594 entries checked (seed 2026); the floors below keep a margin.
+        for number in range(40):
             if number % 10 == 8:
                 lab.engine_failure_trial()
             elif number % 10 == 9:
@@ -45,9 +47,9 @@ def test_kill_nine_engine_failures_and_a_full_disk_lose_nothing(tmp_path) -> Non
     tally = run_lanes(tmp_path, 2, trial, seed=2026)
     print(tally.as_dict())
     assert tally.losses == 0
-    assert tally.kills >= 100, tally.as_dict()
+    assert tally.kills >= 55, tally.as_dict()
     assert tally.store_ahead >= 1, "no kill landed between the store's write and the ledger's"
-    assert tally.engine_failures >= 5 and tally.disk_failures >= 5, tally.as_dict()
+    assert tally.engine_failures >= 4 and tally.disk_failures >= 4, tally.as_dict()
     # How many kills land before the first charge depends on timing (58 of 114 on a CI run,
     # which left 492 entries to check): the floor only asserts that resumes were exercised.
     assert tally.resumes >= 40 and tally.entries_checked >= 250, tally.as_dict()

@@ -88,19 +88,17 @@ def test_lifetime_cap_refuses_before_any_charge_and_an_override_is_recorded(file
     assert {"cap": 5.0, "cap_overridden": True} in [h["lifetime"] for h in headers]
 
 
-def failing_engine(after_calls: int):
-    """Scores fine for ``after_calls`` batches, then the server 'goes away' (a crash mid-generation)."""
-    engine = scripted()
-    original, calls = engine.score_choices_batch, {"n": 0}
+def crashing(files, *extra: str, monkeypatch) -> object:
+    """An optimize run whose scoring worker dies in generation 0, after the charge (a crash
+    mid-generation; a failure on a record is data and would not end the run)."""
+    from dp_textgrad.dp_es.scoring_backends import LocalScoring
 
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] > after_calls:
-            raise EngineError("connection refused")
-        return original(*args, **kwargs)
+    def dies(self, *args, **kwargs):
+        raise RuntimeError("scoring worker lost")
 
-    engine.score_choices_batch = flaky
-    return engine
+    with pytest.MonkeyPatch.context() as crash:
+        crash.setattr(LocalScoring, "totals", dies)
+        return optimize(files, *extra, monkeypatch=monkeypatch)
 
 
 def inexact_engine():
@@ -113,7 +111,7 @@ def inexact_engine():
 
 def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(files, monkeypatch) -> None:
     three = ("--generations", "3")
-    crashed = optimize(files, *three, engine=failing_engine(after_calls=1), monkeypatch=monkeypatch)
+    crashed = crashing(files, *three, monkeypatch=monkeypatch)
     assert crashed.exit_code == 1, crashed.output
     (run_dir,) = files["runs"].glob("run-*")
     assert "--resume" in crashed.stderr
@@ -143,7 +141,7 @@ def test_a_crash_in_generation_0_resumes_keeps_its_charge_and_says_why_it_stops(
 
 
 def test_a_crash_whose_lost_charge_leaves_no_room_says_so(files, monkeypatch) -> None:
-    assert optimize(files, engine=failing_engine(after_calls=1), monkeypatch=monkeypatch).exit_code == 1
+    assert crashing(files, monkeypatch=monkeypatch).exit_code == 1
     (run_dir,) = files["runs"].glob("run-*")
     monkeypatch.setattr(EngineSection, "build", lambda section: inexact_engine())
     resumed = runner.invoke(cli.app, ["optimize", "--resume", str(run_dir)])
@@ -186,6 +184,23 @@ def test_early_stop_by_budget_exits_3_and_says_so(files, monkeypatch) -> None:
     assert saved["stopped_because"].startswith("budget exhausted before generation 2 of 2")
     finished = [line for line in log_lines(files["runs"]) if line["event"] == "finished"]
     assert finished[0]["stopped_early"] is True and "budget exhausted" in finished[0]["stopped_because"]
+
+
+def test_a_non_private_baseline_says_before_it_runs_that_the_lifetime_becomes_infinite(files, monkeypatch) -> None:
+    # Correct, but surprising: a baseline reads the records without noise, so every later run on
+    # the same data shows an infinite lifetime bound. Said before it runs, with the scratch key (issue 47).
+    config = files["runs"].parent / "baseline.toml"
+    config.write_text('[dp]\nprivacy = "off"\n', encoding="utf-8")
+    baseline = optimize(files, "--config", str(config), monkeypatch=monkeypatch)
+    assert baseline.exit_code == 0, baseline.output
+    text = " ".join(baseline.output.split())
+    assert "THIS RUN IS NOT PRIVATE" in text and "--dataset-key scratch-baselines" in text
+    assert text.index("THIS RUN IS NOT PRIVATE") < text.index("Budget")  # before anything runs
+    later = optimize(files, monkeypatch=monkeypatch)
+    assert "inf (a run was not private)" in " ".join(later.output.split()) or "were not private" in later.output
+    # Under the scratch key the data's own lifetime stays finite.
+    scratch = optimize(files, "--config", str(config), "--dataset-key", "scratch-baselines", monkeypatch=monkeypatch)
+    assert scratch.exit_code == 0 and "THIS RUN IS NOT PRIVATE" not in " ".join(scratch.output.split())
 
 
 def test_cues_cover_the_labels() -> None:

@@ -3,6 +3,7 @@ lineage edges, the test comparison, baseline wording, and a real-browser check."
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -37,7 +38,7 @@ def dp_run(tmp_path_factory) -> Path:
 def test_header_is_quotable_and_numbers_are_formatted(dp_run) -> None:
     report = (dp_run / "report.md").read_text(encoding="utf-8")
     quote = next(line for line in report.splitlines() if line.startswith("> "))
-    assert re.search(r"\*\*\(\d\.\d{3}, 1e-05\)-differential privacy\*\*", quote), quote
+    assert re.search(r"\*\*\(\d\.\d{4}, 1e-05\)-differential privacy\*\*", quote), quote  # rounded up
     for phrase in ("add or remove one record", "bound: PLD", "noise multiplier z = ", "q = 0.3", "3 generations"):
         assert phrase in quote
     # No raw float reprs anywhere (q = 0.06666666666666667, z = 0.7135868540626021, ...).
@@ -154,3 +155,52 @@ def test_missing_browser_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(BrowserUnavailable, match="chromium"):
         find_chromium()
+
+
+def test_the_report_describes_only_the_mechanisms_the_ledger_charged(tmp_path) -> None:
+    # A run planned with DP feedback that never read it (one generation, or no LLM operator) must
+    # not describe feedback (issue 47); one that charged it does, and so for the count of failures.
+    from dp_textgrad.report.markdown import _mechanism, charged_parts
+
+    config = {"task_kind": "generate", "noise_multiplier": 1.2,
+              "config": {"selection": "gaussian", "parents": 2, "feedback": "dp_confusion",
+                         "feedback_noise_ratio": 3.0, "max_error_share": 0.5}}
+
+    def ledger(*metadata: dict) -> set[str]:
+        lines = [json.dumps({"header": True})] + [json.dumps({"label": "g", "metadata": m}) for m in metadata]
+        (tmp_path / "ledger.jsonl").write_text("\n".join(lines) + "\n")
+        return charged_parts(tmp_path)
+
+    none = ledger({"feedback_candidates": 0, "noise_multiplier": 1.2})
+    assert none == set() and "feedback" not in _mechanism(config, None, none)
+    both = ledger({"feedback_candidates": 0}, {"feedback_candidates": 1, "error_noise_multiplier": 3.6})
+    text = _mechanism(config, None, both)
+    assert "DP failure-histogram feedback" in text and "failed to score" in text
+
+
+def test_released_estimates_stay_in_the_metrics_range_and_say_what_they_cover(tmp_path) -> None:
+    # Issue 46: a privacy-off estimate reached 1.0067 on a metric in [0, 1] (exact sums over the
+    # public q N of a subsample that came out larger), and the "95% noise interval" covered only the noise.
+    import dp_textgrad
+    from dp_textgrad.privacy.data import PrivateDataset
+    from dp_textgrad.tasks.base import ClassificationTask, Example
+    from tests.twin import LABELS, LengthTimedEngine, base_rows
+
+    # Every record is read right (the engine follows each record's cue): a candidate's exact sum is
+    # |B|, and its estimate |B| / (q N) is above 1 whenever the subsample comes out larger than q N.
+    task = ClassificationTask(name="cues", description="bill, tech or fraud", labels=list(LABELS),
+                              private_train=PrivateDataset([Example(t, y) for t, y in base_rows(200)]), test=[],
+                              seed_prompt="Label the message.")
+    engine = LengthTimedEngine()
+    outcome = dp_textgrad.optimize(task, engine, runs_root=tmp_path, privacy="off", generations=3, population=3,
+                                   parents=1, sampling_rate=0.1, evaluate=False, seed=2)
+    raw = [s.estimate for c in outcome.optimizer.population.archive for s in c.evaluations]
+    released = [h.best_estimate for h in outcome.result.history] + [outcome.result.estimate]
+    assert max(raw) > 1.0, raw  # the case to clip arose
+    assert all(0.0 <= v <= 1.0 for v in released), released
+    dp = dp_textgrad.optimize(task, engine, runs_root=tmp_path / "dp", epsilon=4.0, generations=2, population=4,
+                              parents=1, sampling_rate=0.2, dataset_size=200, evaluate=False, insecure_noise_seed=1)
+    report = (dp.run_dir / "report.md").read_text()
+    text = " ".join(report.split())
+    assert "95% noise interval" in text and "With the subsampling as well" in text
+    assert "Winner's curse: this prompt was released because its estimate was the best of 4" in text

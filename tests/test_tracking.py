@@ -33,12 +33,17 @@ def file_store_allowed(monkeypatch):
 
 
 def stored_run(uri: str) -> dict:
-    """The one MLflow run in the store: params, metric histories, own tags, artifact files."""
+    """The one MLflow run in the store: params, metric histories, own tags, artifact files, and its
+    clock: the start, and every other timestamp (metrics, end) in milliseconds after the start."""
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("dp-textgrad")
     (run,) = client.search_runs([experiment.experiment_id])
     run_id = run.info.run_id
-    metrics = {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in run.data.metrics}
+    histories = {key: client.get_metric_history(run_id, key) for key in run.data.metrics}
+    metrics = {key: [(m.step, m.value) for m in history] for key, history in histories.items()}
+    start = run.info.start_time
+    clock = {"end": run.info.end_time - start,
+             "metrics": {key: [(m.step, m.timestamp - start) for m in history] for key, history in histories.items()}}
     artifacts: dict[str, bytes] = {}
 
     def walk(path: str | None) -> None:
@@ -50,7 +55,16 @@ def stored_run(uri: str) -> dict:
 
     walk(None)
     return {"status": run.info.status, "params": dict(run.data.params), "metrics": metrics,
-            "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}, "artifacts": artifacts}
+            "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}, "artifacts": artifacts,
+            "start": start, "clock": clock}
+
+
+def artifact_times(uri: str) -> dict[str, int]:
+    """The modification time of each artifact file the local store holds (the copies of released files)."""
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("dp-textgrad").experiment_id])
+    root = Path(client.download_artifacts(run.info.run_id, ""))
+    return {p.relative_to(root).as_posix(): p.stat().st_mtime_ns for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_a_run_is_logged_with_params_metrics_and_the_released_files(tmp_path) -> None:
@@ -74,6 +88,10 @@ def test_a_run_is_logged_with_params_metrics_and_the_released_files(tmp_path) ->
     assert "test.released_accuracy" in run["metrics"]
     assert run["tags"]["stopped_because"] == outcome.result.stopped_because
     assert run["tags"]["run_dir"] == outcome.run_dir.name
+    # Public clock: the start taken when the tracker was built (whole seconds), then one second a step.
+    assert run["start"] % 1000 == 0
+    assert all(offset == 1000 * step for history in run["clock"]["metrics"].values() for step, offset in history)
+    assert run["clock"]["end"] == 1000 * (outcome.result.generations_run + 1)
     released = outcome.run_dir / "released_prompt.txt"
     assert run["artifacts"]["released_prompt.txt"].decode().strip() == released.read_text(encoding="utf-8").strip()
     assert {"report.html", "report.md", "result.json"} <= set(run["artifacts"])
@@ -93,7 +111,8 @@ def test_a_run_is_logged_with_params_metrics_and_the_released_files(tmp_path) ->
 
 def test_mlflow_payload_is_identical_for_twin_datasets(tmp_path, monkeypatch) -> None:
     """D and D plus one long record: the MLflow runs agree on everything (the record's length,
-    its tokens and its scoring time never reach MLflow)."""
+    its tokens and its scoring time never reach MLflow), their clocks too: every timestamp after
+    the start (each generation's metrics, the end), and the released files' times in the artifacts."""
     rows = base_rows(40)
     logged = []
     for name, data in (("d", rows), ("dx", rows + [long_record(rows)])):
@@ -106,6 +125,7 @@ def test_mlflow_payload_is_identical_for_twin_datasets(tmp_path, monkeypatch) ->
             run["artifacts"][key] = data_bytes.replace(capture.run_dir.name.encode(), b"<RUN>").replace(
                 str(root).encode(), b"<ROOT>")
         run["tags"]["run_dir"] = "<RUN>"
+        run["artifact_times"] = artifact_times(uri)
         logged.append(run)
     d, dx = logged
     assert d["params"] == dx["params"]
@@ -113,6 +133,8 @@ def test_mlflow_payload_is_identical_for_twin_datasets(tmp_path, monkeypatch) ->
     assert d["tags"] == dx["tags"]
     assert d["artifacts"].keys() == dx["artifacts"].keys()
     assert [k for k in d["artifacts"] if d["artifacts"][k] != dx["artifacts"][k]] == []
+    assert d["clock"] == dx["clock"]
+    assert d["artifact_times"] == dx["artifact_times"]
 
 
 def test_a_failed_run_is_marked_failed_with_the_error_class_only(tmp_path) -> None:
@@ -122,6 +144,7 @@ def test_a_failed_run_is_marked_failed_with_the_error_class_only(tmp_path) -> No
     tracker.fail("EngineError")
     run = stored_run(uri)
     assert run["status"] == "FAILED" and run["tags"]["failed_with"] == "EngineError"
+    assert run["clock"]["end"] == 1000  # public: one second after the last step (none), not the wall clock
 
 
 def test_a_refused_store_is_a_clear_error_before_the_run(tmp_path, monkeypatch) -> None:

@@ -97,18 +97,30 @@ class Capture:
 
 
 def collect(root: Path, run_dir: Path, result) -> Capture:
+    """The run's channels; :data:`MTIMES` is one more: the modification time of every released file
+    and folder (the runs root, the run directory, plots/, the run log; operator/ left out)."""
     capture = Capture(root, run_dir, result.exit_code, result.stdout, result.stderr)
     capture.released["<stdout>"] = result.stdout.encode()
     capture.released["<stderr>"] = result.stderr.encode()
     capture.released["<exit code>"] = str(result.exit_code).encode()
-    for path in sorted(root.joinpath("runs").rglob("*")):
-        if not path.is_file():
-            continue
+    times: dict[str, int] = {}
+    runs_root = root / "runs"
+    for path in [runs_root, *sorted(runs_root.rglob("*"))]:
         # Files beside the run directories (run log, operator/ store) by their place in the runs root.
-        relative = path.relative_to(run_dir if run_dir in path.parents else root / "runs").as_posix()
-        bucket = capture.operator if relative.startswith("operator/") else capture.released
-        bucket[relative] = path.read_bytes()
+        relative = path.relative_to(run_dir if run_dir in path.parents else runs_root).as_posix()
+        operator = relative == "operator" or relative.startswith("operator/")
+        if not operator:
+            times[relative] = path.stat().st_mtime_ns
+        if path.is_file():
+            bucket = capture.operator if operator else capture.released
+            bucket[relative] = path.read_bytes()
+    capture.released[MTIMES] = json.dumps(times, indent=1, sort_keys=True).encode()
     return capture
+
+
+# A released channel: a file's time may time the private phase (and survives tar, zip and copies).
+# JSON, so that a failing twin test names the paths whose times differ.
+MTIMES = "<mtimes>.json"
 
 
 SCRIPTED_ENGINE = '[engine]\nkind = "openai"\nmodel = "twin"\nbase_url = "http://127.0.0.1:9/v1"\n'

@@ -18,7 +18,22 @@ from rich.console import Console
 from dp_textgrad import runs
 from dp_textgrad.cli.progress import StopAfterCheckpoint
 
-console = Console(stderr=False)
+
+class PlainWhenPiped(Console):
+    """The console: rich on a terminal; in a pipe or a log, text is never wrapped at a width, so a
+    released prompt, a path or a JSON value reaches the file as one unbroken line (rich would
+    break it at its default 80 columns)."""
+
+    @property
+    def soft_wrap(self) -> bool:  # rich reads this as every print's default
+        return not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:  # rich's __init__ assigns it: the property decides
+        pass
+
+
+console = PlainWhenPiped(stderr=False)
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2

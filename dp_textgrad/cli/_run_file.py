@@ -13,7 +13,14 @@ from typing import Any
 import typer
 
 CONFIG_OPTION = typer.Option(None, "--config", "-c", help="YAML or TOML file (sections: task, engine, dp, output)")
-TASK_OPTION = typer.Option(None, "--task", help="built-in task: support | sst2 | banking77 (task.name)")
+# Every built-in task of tasks/registry.py (a test checks the two agree; the registry is not imported
+# here, so that --help stays fast).
+BUILTIN_TASKS = ("support", "support_extract", "sst2", "banking77", "snips", "gsm8k")
+TASK_HELP = (
+    "built-in task: support (classification), support_extract (generation), sst2, banking77 (classification "
+    "benchmarks), snips, gsm8k (generation benchmarks) (task.name)"
+)
+TASK_OPTION = typer.Option(None, "--task", help=TASK_HELP)
 TRAIN_OPTION = typer.Option(None, "--train", help="private training file .csv/.tsv/.jsonl (task.train)")
 TEST_OPTION = typer.Option(None, "--test", help="test file (task.test)")
 ENCODING_OPTION = typer.Option(None, "--encoding", help="encoding of the task files, e.g. latin-1 (task.encoding)")

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dp_textgrad.cli._console import EXIT_BAD_INPUT, EXIT_FAILURE
+from dp_textgrad.cli.progress import epsilon_text
 
 audit_app = typer.Typer(
     add_completion=False,
@@ -281,7 +282,7 @@ def canaries(
         def progress(report) -> None:
             console.print(
                 f"  generation {report.generation + 1}/{generations}: best estimate "
-                f"{best_estimate_text(report)}, epsilon spent {report.epsilon_spent:.3g}"
+                f"{best_estimate_text(report)}, epsilon spent {epsilon_text(report.epsilon_spent, 3)}"
             )
 
         result = run_canary_audit(

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from dp_textgrad.cli._console import console, guarded
+from dp_textgrad.cli.progress import epsilon_text
 
 
 def federated(
@@ -98,7 +99,7 @@ def federated(
         def progress(report) -> None:  # released fields only (the metrics channel)
             console.print(
                 f"generation {report.generation}: best DP estimate {report.best_estimate:.3f} "
-                f"(noise std {report.noise_std_estimate:.3f}), epsilon spent {report.epsilon_spent:.3f}",
+                f"(noise std {report.noise_std_estimate:.3f}), epsilon spent {epsilon_text(report.epsilon_spent, 3)}",
                 highlight=False,
             )
 
@@ -136,7 +137,8 @@ def federated(
         console.print(f"Released prompt: {outcome.result.prompt}", highlight=False, markup=False, soft_wrap=True)
         for g in outcome.federation["guarantees"]:
             console.print(
-                f"  ({g['epsilon']:.3f}, {g['delta']:.1e})-DP per record against {g['against']} [{g['holds_if']}]",
+                f"  ({epsilon_text(g['epsilon'], 3)}, {g['delta']:.1e})-DP per record against "
+                f"{g['against']} [{g['holds_if']}]",
                 highlight=False,
                 markup=False,
                 soft_wrap=True,

@@ -19,6 +19,14 @@ import typer
 from rich.console import Console
 
 
+def epsilon_text(value: float, decimals: int = 4) -> str:
+    """A printed epsilon bound, rounded up (``bounds.format_epsilon``; imported when first printed,
+    so that ``dp-textgrad --help`` loads no accountant)."""
+    from dp_textgrad.privacy.accounting.bounds import format_epsilon
+
+    return format_epsilon(value, decimals)
+
+
 class StopAfterCheckpoint(Exception):
     """Raised after a generation's checkpoint when the user pressed Ctrl-C."""
 
@@ -137,13 +145,17 @@ class ConsoleDisplay:
         self.progress = Progress(
             TextColumn("[bold]generation {task.completed}/{task.total}"),
             BarColumn(),
-            TextColumn("best {task.fields[best]}  eps {task.fields[eps]}  public tokens {task.fields[tokens]}"),
+            TextColumn(
+                "best {task.fields[metric]} {task.fields[best]}  eps {task.fields[eps]}  "
+                "public tokens {task.fields[tokens]}"
+            ),
             console=console,
             transient=False,
         )
         self.generations = 0
         self.epsilon = 0.0
         self.public_tokens = 0
+        self.metric = "accuracy"  # the name the progress line gives the estimates (the task's metric)
         self.bar: Any = None
 
     def on_lifetime(self, event) -> None:
@@ -151,8 +163,11 @@ class ConsoleDisplay:
         self.console.print(f"[bold]Lifetime budget[/]: {event.describe()}", soft_wrap=True, highlight=False)
 
     def on_start(self, event) -> None:
+        from dp_textgrad.report.fmt import metric_label
+
         cfg, console = event.config, self.console
         self.generations, self.epsilon = cfg.generations, cfg.epsilon
+        self.metric = metric_label(event.metric)
         resumed = ""
         if event.resumed:
             lost = (
@@ -164,19 +179,23 @@ class ConsoleDisplay:
             )
             resumed = (
                 f" Resuming at generation {event.generation + 1} of {cfg.generations}: epsilon "
-                f"{event.epsilon_spent:.4g} of {cfg.epsilon} already spent{lost}."
+                f"{epsilon_text(event.epsilon_spent)} of {cfg.epsilon} already spent{lost}."
             )
         console.print(
             f"[bold]Budget[/]: epsilon = {cfg.epsilon}, delta = {cfg.delta:.2e} for the whole run "
             f"({cfg.generations} generations x {cfg.population} candidates, q = {cfg.sampling_rate:.4f}, "
             f"about {cfg.sampling_rate * event.dataset_size:.0f} of N = {event.dataset_size} "
             + (
-                "private records (N declared public) "
+                "private records (N the real count: privacy off) "
+                if cfg.privacy == "off"
+                else "private records (N declared public) "
                 if cfg.dataset_size is not None
                 else f"private records (N a DP count, epsilon {cfg.size_epsilon:.3g} of the budget) "
             )
             + f"per generation).{resumed}\n[bold]Mechanism[/]: {event.mechanism}."
         )
+        family = "generation (the prompt writes an answer)" if event.task_kind == "generate" else "classification"
+        console.print(f"[bold]Task[/]: {family}, scored by {self.metric}; the estimates below are its DP estimates.")
         console.print(
             f"[bold]Records[/]: private records longer than {cfg.max_record_tokens} engine tokens are "
             + (
@@ -216,8 +235,9 @@ class ConsoleDisplay:
             "dp-es",
             total=cfg.generations,
             completed=event.generation,
+            metric=self.metric,
             best="-",
-            eps=f"{event.epsilon_spent:.3g}/{cfg.epsilon:g}",
+            eps=f"{epsilon_text(event.epsilon_spent, 3)}/{cfg.epsilon:g}",
             tokens=0,
         )
         if console.is_terminal:  # a live bar; elsewhere (logs, nohup) one plain line per generation
@@ -229,13 +249,13 @@ class ConsoleDisplay:
             self.bar,
             completed=report.generation + 1,
             best=best_estimate_text(report),
-            eps=f"{report.epsilon_spent:.3g}/{self.epsilon:g}",
+            eps=f"{epsilon_text(report.epsilon_spent, 3)}/{self.epsilon:g}",
             tokens=self.public_tokens,
         )
         if not self.console.is_terminal:
             self.console.print(
-                f"generation {report.generation + 1}/{self.generations}: best estimate "
-                f"{best_estimate_text(report)}, epsilon spent {report.epsilon_spent:.3g} of "
+                f"generation {report.generation + 1}/{self.generations}: best estimate of {self.metric} "
+                f"{best_estimate_text(report)}, epsilon spent {epsilon_text(report.epsilon_spent, 3)} of "
                 f"{self.epsilon:g}, public tokens {self.public_tokens}",
                 markup=False,
                 highlight=False,
@@ -259,16 +279,17 @@ def print_outcome(console: Console, outcome) -> None:
     elif result.unsafe:
         console.print("[bold red]Privacy: NOT differentially private (unsafe mode).[/]")
     else:
-        by = ", ".join(f"{k} {v:.3g}" for k, v in sorted(result.epsilons.items()) if math.isfinite(v))
+        by = ", ".join(f"{k} {epsilon_text(v, 3)}" for k, v in sorted(result.epsilons.items()) if math.isfinite(v))
         console.print(
-            f"[bold]Privacy spent[/]: epsilon = {result.epsilon:.4g}, delta = {result.delta:.2e} "
+            f"[bold]Privacy spent[/]: epsilon = {epsilon_text(result.epsilon)}, delta = {result.delta:.2e} "
             f"(smallest valid bound; {by})"
         )
     labelling = getattr(result, "labelling", None)
     if labelling:  # DP outputs and public parameters only (labels.json)
         console.print(
             f"[bold]DP labels[/]: {labelling['answered']} of {labelling['queries']} public inputs answered by "
-            f"the teachers' vote (epsilon {labelling['epsilon']:.3g} alone); they were the search's demonstrations."
+            f"the teachers' vote (epsilon {epsilon_text(labelling['epsilon'], 3)} alone); they were the "
+            "search's demonstrations."
         )
     if outcome.evaluation is not None:
         from dp_textgrad.report.fmt import INTERVAL_LABELS, metric_label
@@ -298,7 +319,7 @@ def print_outcome(console: Console, outcome) -> None:
         console.print(
             f"[bold yellow]Stopped early[/] after {result.generations_run} of "
             f"{config.generations} generations: {result.stopped_because}. The prompt "
-            f"released is the best one the DP estimates saw so far; epsilon spent {result.epsilon:.4g} of "
+            f"released is the best one the DP estimates saw so far; epsilon spent {epsilon_text(result.epsilon)} of "
             f"{config.epsilon:g}.",
             soft_wrap=True,
             highlight=False,

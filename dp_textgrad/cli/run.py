@@ -34,7 +34,8 @@ def _start_run_dir(runs_root: Path, settings) -> Path:
     from dp_textgrad import runs
 
     directory = runs.new_run_dir(runs_root)
-    runs.write_json(directory / runs.CLI_SETTINGS_NAME, settings.model_dump(mode="json"))
+    # Operator-only: the settings hold the private file's absolute path and name (issue 47).
+    runs.write_operator_json(directory, runs.CLI_SETTINGS_NAME, settings.model_dump(mode="json"))
     return directory
 
 
@@ -145,6 +146,7 @@ _RESUME_FIXED = (
     "population",
     "parents",
     "sampling_rate",
+    "max_private_evaluations",
     "selection",
     "seed",
     "task",
@@ -165,7 +167,14 @@ def optimize(
     generations: int | None = typer.Option(None, help="DP generations (dp.generations)"),
     population: int | None = typer.Option(None, help="candidates per generation (dp.population)"),
     parents: int | None = typer.Option(None, help="parents per generation (dp.parents)"),
-    sampling_rate: float | None = typer.Option(None, help="Poisson sampling rate q (dp.sampling_rate)"),
+    sampling_rate: str | None = typer.Option(
+        None,
+        help="Poisson sampling rate q, or auto: the q that gives each candidate's mean score the least noise "
+        "within --max-private-evaluations (dp.sampling_rate)",
+    ),
+    max_private_evaluations: int | None = typer.Option(
+        None, help="cap on the planned private record evaluations q N K T (dp.max_private_evaluations)"
+    ),
     selection: str | None = typer.Option(None, help="gaussian | exponential | permute_and_flip (dp.selection)"),
     seed: int | None = typer.Option(None, help="seed of non-private choices (dp.seed); never of DP noise"),
     task: str | None = run_file.TASK_OPTION,
@@ -208,6 +217,7 @@ def optimize(
         population=population,
         parents=parents,
         sampling_rate=sampling_rate,
+        max_private_evaluations=max_private_evaluations,
         selection=selection,
         seed=seed,
         task=task,
@@ -245,12 +255,13 @@ def optimize(
 
             directory = resume
             check_resumable(directory)  # before the engine loads: a finished run or no checkpoint is refused
-            if not (directory / runs.CLI_SETTINGS_NAME).is_file():
+            saved_settings = runs.RunDir(directory).cli_settings
+            if not saved_settings.is_file():
                 raise ConfigError(
-                    f"resume: no {runs.CLI_SETTINGS_NAME} in {directory} (the run was not started "
-                    "from the command line); resume it with dp_textgrad.resume(RUN_DIR, task, engine)"
+                    f"resume: no {runs.OPERATOR_DIR}/{runs.CLI_SETTINGS_NAME} in {directory} (the run was not "
+                    "started from the command line); resume it with dp_textgrad.resume(RUN_DIR, task, engine)"
                 )
-            saved = runs.read_json(directory / runs.CLI_SETTINGS_NAME)
+            saved = runs.read_json(saved_settings)
             saved["dp"] = runs.RunDir(directory).saved_config()
             settings = build_settings(
                 saved, {"engine": engine_section, "output": lifetime_flags, "distributed": scale_flags}
@@ -265,6 +276,7 @@ def optimize(
                     population=population,
                     parents=parents,
                     sampling_rate=sampling_rate,
+                    max_private_evaluations=max_private_evaluations,
                     selection=selection,
                     seed=seed,
                 ),

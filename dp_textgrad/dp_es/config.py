@@ -17,6 +17,10 @@ PrivacyKind = Literal["dp", "off"]
 LongRecords = Literal["truncate", "reject"]
 
 DEFAULT_EXPECTED_BATCH = 150
+# ``sampling_rate: auto`` without ``max_private_evaluations``: at most this many planned record
+# evaluations per candidate and generation (q N), four times the default's, so that auto trades noise
+# for a bounded cost (docs/privacy.md, "Planning the sampling rate").
+AUTO_RECORDS_PER_GENERATION = 600
 DEFAULT_LABELLING_QUERIES = 16
 DEFAULT_LABELLING_SHARE = 0.5
 # The default delta when N is not declared: it must not depend on the private count.
@@ -147,7 +151,8 @@ class DPESConfig(BaseModel):
     a DP count first and keeps it in ``counted_dataset_size``; the real count is used for
     nothing released. ``delta`` defaults to min(1e-5, 1 / (10 N)) for a declared N and to
     1e-5 otherwise; ``sampling_rate`` defaults to min(1, 150 / N) with N the declared size
-    or the DP count (about 150 records per generation).
+    or the DP count (about 150 records per generation); ``sampling_rate: auto`` plans q from the
+    budget and schedule (``dp_es.plan.resolve_sampling_rate``), within ``max_private_evaluations``.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -160,7 +165,18 @@ class DPESConfig(BaseModel):
     population: int = Field(6, ge=2, le=256, description="candidates scored per generation K")
     parents: int = Field(2, ge=1, description="parents kept per generation k")
     elites: int = Field(1, ge=0, description="best candidates carried to the next generation unchanged")
-    sampling_rate: float | None = Field(None, description="Poisson sampling rate q in (0, 1]")
+    sampling_rate: float | Literal["auto"] | None = Field(
+        None,
+        description="Poisson sampling rate q in (0, 1]; 'auto': the q (and noise) that give each candidate's "
+        "mean score the least noise for the budget and schedule, within max_private_evaluations; default "
+        "min(1, 150 / N)",
+    )
+    max_private_evaluations: int | None = Field(
+        None,
+        ge=1,
+        description="public cap on the planned private record evaluations of the search, q N K T (what "
+        f"sampling_rate 'auto' may spend); default for auto: {AUTO_RECORDS_PER_GENERATION} x K x T",
+    )
     selection: SelectionKind = Field(
         "gaussian",
         description="gaussian: noisy scores, top-k of the estimates (free); exponential: Gumbel "
@@ -225,6 +241,13 @@ class DPESConfig(BaseModel):
         "data-independent map) or 'reject' the data before anything is charged",
     )
 
+    max_error_share: float | None = Field(
+        None,
+        description="stop the run when the noisy share of sampled private records whose scoring failed "
+        "(engine or pipeline errors; each scored 0) is above this share by two noise standard deviations: "
+        "a DP decision, released with the scores (their noise multiplier grows by about 5% at the same "
+        "epsilon); default: failures never stop a run",
+    )
     labelling: LabellingConfig | None = Field(
         None,
         description="DP labels for the task's public unlabelled inputs by a noisy teacher vote, spent "
@@ -262,11 +285,30 @@ class DPESConfig(BaseModel):
             )
         return value
 
+    @field_validator("max_error_share")
+    @classmethod
+    def _error_share_in_unit_interval(cls, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or not 0 < value < 1):
+            raise ValueError(f"max_error_share must be in (0, 1), got {value}, or left out (never stop on failures)")
+        return value
+
+    @field_validator("sampling_rate", mode="before")
+    @classmethod
+    def _rate_or_auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() != "auto":
+            try:
+                return float(value)
+            except ValueError:
+                raise ValueError(f"sampling_rate must be a number in (0, 1] or 'auto', got {value!r}") from None
+        return "auto" if isinstance(value, str) else value
+
     @field_validator("sampling_rate")
     @classmethod
-    def _rate_in_unit_interval(cls, value: float | None) -> float | None:
+    def _rate_in_unit_interval(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, str):
+            return value  # "auto": planned by dp_es.plan.resolve_sampling_rate once N is known
         if value is not None and (not math.isfinite(value) or not 0 < value <= 1):
-            raise ValueError(f"sampling_rate must be in (0, 1], got {value}")
+            raise ValueError(f"sampling_rate must be in (0, 1] or 'auto', got {value}")
         return value
 
     @model_validator(mode="after")
@@ -295,6 +337,11 @@ class DPESConfig(BaseModel):
             )
         if self.privacy == "off" and self.final_selection != "last":
             raise ValueError("privacy: 'off' has no DP final selection; set final_selection='last'")
+        if self.max_error_share is not None and not strategy.releases_scores:
+            raise ValueError(
+                f"max_error_share: the count of failed records is released with the Gaussian scores; with "
+                f"selection='{self.selection}' remove max_error_share (failures then never stop the run)"
+            )
         if self.feedback != "none" and not strategy.supports_feedback:
             raise ValueError(
                 f"feedback: DP feedback shares the Gaussian scoring subsample; with "
@@ -335,7 +382,21 @@ class DPESConfig(BaseModel):
         """The Poisson sampling rate q of a resolved config (:meth:`resolved` fills the default)."""
         if self.sampling_rate is None:
             raise ConfigError("sampling_rate: not resolved yet (DPESConfig.resolved fills it from the dataset size)")
-        return self.sampling_rate
+        if self.sampling_rate == "auto":
+            raise ConfigError("sampling_rate: 'auto' is not planned yet (dp_es.plan.resolve_sampling_rate plans it)")
+        return float(self.sampling_rate)
+
+    @property
+    def auto_sampling_rate(self) -> bool:
+        """Whether q is planned (``sampling_rate: auto``) rather than given."""
+        return self.sampling_rate == "auto"
+
+    @property
+    def evaluation_cap(self) -> int:
+        """The public cap on planned private record evaluations (q N K T) that ``auto`` plans within."""
+        if self.max_private_evaluations is not None:
+            return int(self.max_private_evaluations)
+        return AUTO_RECORDS_PER_GENERATION * self.population * self.generations
 
     def resolved(self, dataset_size: int | None = None) -> DPESConfig:
         """A copy with the size-dependent defaults (delta, sampling rate) filled in.

@@ -34,6 +34,18 @@ class ReleasedScores:
     confusion_candidate_ids: list[str] | None = None
     confusion_noise_std: float | None = None
     secure_noise: bool = True
+    # The noisy count of sampled records whose scoring failed (dp.max_error_share), and its noise std.
+    noisy_errors: float | None = None
+    error_noise_std: float | None = None
+
+    @property
+    def error_share(self) -> float | None:
+        """The noisy share of failed records, over the public q*N (None when not released)."""
+        return None if self.noisy_errors is None else self.noisy_errors / self.expected_batch_size
+
+    @property
+    def error_share_std(self) -> float | None:
+        return None if self.error_noise_std is None else self.error_noise_std / self.expected_batch_size
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (everything in it is already DP-released)."""
@@ -48,6 +60,8 @@ class ReleasedScores:
             "confusion_candidate_ids": self.confusion_candidate_ids,
             "confusion_noise_std": self.confusion_noise_std,
             "secure_noise": self.secure_noise,
+            "noisy_errors": self.noisy_errors,
+            "error_noise_std": self.error_noise_std,
         }
 
     @classmethod
@@ -64,6 +78,8 @@ class ReleasedScores:
             confusion_candidate_ids=data.get("confusion_candidate_ids"),
             confusion_noise_std=data.get("confusion_noise_std"),
             secure_noise=bool(data.get("secure_noise", True)),
+            noisy_errors=None if data.get("noisy_errors") is None else float(data["noisy_errors"]),
+            error_noise_std=None if data.get("error_noise_std") is None else float(data["error_noise_std"]),
         )
 
 

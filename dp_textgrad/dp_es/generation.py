@@ -55,6 +55,7 @@ class GenerationOutcome:
     parents: list[Candidate]
     public_usage: UsageMark  # public text and DP outputs only: releasable
     private_usage: UsageMark  # a function of the secret subsample: operator-only
+    released: ReleasedScores | None = None  # the generation's released scores (None: indices only)
 
 
 @dataclass
@@ -106,6 +107,7 @@ class GenerationStep:
         )
         if run_dir is not None:  # a resumable run: an interruption costs nothing where that is sound
             scorer.journal = ReplayJournal(run_dir, noise)
+            scorer.operator_log = lambda text: runs.append_operator_text(run_dir.path, runs.ERRORS_LOG_NAME, text)
         if mutation is None:
             llm_operators = bool(config.llm_operators)  # decided with the plan (plan.decide_llm_operators)
             description = PublicText(task.description, "user")
@@ -152,7 +154,7 @@ class GenerationStep:
             children = self.mutation.offspring(choice.parents, n_children, t + 1, feedback)
             self.population.next_generation(children, parents=choice.parents)
         public = (before_private - start) + (UsageMark.of(self.engine) - after_private)
-        return GenerationOutcome(best, choice.parents, public, after_private - before_private)
+        return GenerationOutcome(best, choice.parents, public, after_private - before_private, choice.released)
 
     def initialise(self, seed_text: str) -> None:
         """Generation 0's population: the seed prompt and public variants of it; with

@@ -60,6 +60,25 @@ def check_task(config: DPESConfig, task: Task) -> None:
         raise ConfigError(str(exc)) from None
 
 
+def check_engine(config: DPESConfig, engine: Any) -> None:
+    """Refuse, before any charge, a labelling phase on an engine that does not declare that its
+    scores are independent of its earlier calls (``deterministic_scores``).
+
+    The vote's sensitivity assumes that a teacher's vote depends on its own group of records
+    alone. An engine whose answer can depend on what it scored before (a server that caches
+    prompt prefixes across requests or batches them together, where floating-point results
+    follow the batch) would let one record move several teachers' votes. The local llama.cpp
+    engine declares the property and its tests check it bit for bit."""
+    if config.labelling is None or bool(getattr(engine, "deterministic_scores", False)):
+        return
+    raise ConfigError(
+        f"labelling: the engine {type(engine).__name__} does not declare that its scores are independent of "
+        "its earlier calls (deterministic_scores), and a teacher's vote must depend on its own records only "
+        "(a server's prefix cache or batching could couple teachers); run the labelling phase on the local "
+        "llama.cpp engine (engine.kind: llama_cpp), or remove dp.labelling"
+    )
+
+
 def resolved_config(config: DPESConfig, task: Task) -> DPESConfig:
     """``config`` with its labelling phase's ``queries`` and ``teachers`` filled in from public
     values (the number of public inputs, the declared or counted N); unchanged without a phase or
@@ -153,6 +172,7 @@ def write_labels(run_dir: runs.RunDir | None, labelled: DPLabelled) -> None:
     if run_dir is None:
         return
     runs.write_released_json(run_dir.path, LABELS_NAME, CHANNEL, labels_payload(labelled))
+    runs.stamp_released(run_dir.path)  # the labelling phase's end must not be timed by any released file
 
 
 def read_labels(run_dir: runs.RunDir | None) -> DPLabelled | None:

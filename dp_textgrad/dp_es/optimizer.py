@@ -23,6 +23,7 @@ from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es import labelling_phase, size_count
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig, config_with
+from dp_textgrad.dp_es.estimates import ReleasedScores
 from dp_textgrad.dp_es.generation import GenerationStep, no_shrinkage
 from dp_textgrad.dp_es.labelling import DPLabelled
 from dp_textgrad.dp_es.mutation import CritiquePipeline, MutationEngine
@@ -34,11 +35,13 @@ from dp_textgrad.dp_es.reports import (
     GenerationTelemetry,
     SearchResult,
     UsageMark,
+    failures_reason,
     nothing_released,
     refusal_reason,
 )
 from dp_textgrad.dp_es.scorer import DPScorer
 from dp_textgrad.dp_es.scoring_backends import ScoringFactory
+from dp_textgrad.dp_es.selector import error_stop
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.tasks.base import Task
@@ -101,7 +104,8 @@ class EvolutionController(Optimizer):
         ledger.declare_noise(self.noise.sampler)
         if self.run_dir is not None:
             self.run_dir.path.mkdir(parents=True, exist_ok=True)
-            ledger.persist_to(self.run_dir.ledger)  # from now on the ledger writes itself after every charge
+            # From now on the ledger writes itself after every charge, with the public file time.
+            ledger.persist_to(self.run_dir.ledger, runs.RELEASED_FILE_TIME)
         # A public cap on record length, applied before anything is charged (see with_bounded_records).
         self.task = task.with_bounded_records(*length_tools(engine), config.max_record_tokens, config.long_records)
         unsafe_examples = self._unsafe_examples() if config.mode == "unsafe" else ()
@@ -269,7 +273,7 @@ class EvolutionController(Optimizer):
             return None
         self.variable.set_value(outcome.best.text)
         self.generation = t + 1
-        report = self._report(t, outcome.best, outcome.public_usage)
+        report = self._report(t, outcome.best, outcome.public_usage, outcome.released)
         private = outcome.private_usage
         telemetry = GenerationTelemetry(
             private.calls, private.prompt_tokens, private.completion_tokens, seconds=time.perf_counter() - started
@@ -277,7 +281,9 @@ class EvolutionController(Optimizer):
         self.history.append(report)
         self.telemetry.append(telemetry)
         self._save_checkpoint(report, telemetry)
-        if self.generation >= self.config.generations:
+        if error_stop(report.error_share_estimate, report.error_share_noise_std, self.config.max_error_share):
+            self.stopped_because = failures_reason(report, self.config.max_error_share)
+        elif self.generation >= self.config.generations:
             self.stopped_because = "all generations done"
         elif any(callback(report) for callback in self.callbacks):
             self.stopped_because = "stopped by callback"
@@ -291,14 +297,28 @@ class EvolutionController(Optimizer):
         )
         self._save_checkpoint()
 
-    def _report(self, t: int, best: Candidate, public: UsageMark) -> GenerationReport:
+    def _in_range(self, value: float) -> float:
+        """A released mean score, shown within the metric's range [0, C] (post-processing): a noisy
+        estimate, or an exact one over the public q N of a larger subsample, can fall outside it."""
+        value = float(value)
+        return value if math.isnan(value) else min(float(self.task.clip_bound), max(0.0, value))
+
+    def _report(
+        self, t: int, best: Candidate, public: UsageMark, released: ReleasedScores | None = None
+    ) -> GenerationReport:
         shrunk = self.population.shrunk_estimates()
-        values = [v for v in shrunk.values() if math.isfinite(v)]
+        # The mean over every candidate scored this generation (its released estimates), not over the
+        # candidates kept for the next one; without released scores, the kept ones' shrunk estimates.
+        values = (
+            [float(v) for v in released.estimates if math.isfinite(v)]
+            if released is not None
+            else [v for v in shrunk.values() if math.isfinite(v)]
+        )
         return GenerationReport(
             generation=t,
             best_candidate_id=best.id,
-            best_estimate=float(shrunk.get(best.id, float("nan"))),
-            mean_estimate=float(np.mean(values)) if values else float("nan"),
+            best_estimate=self._in_range(shrunk.get(best.id, float("nan"))),
+            mean_estimate=self._in_range(float(np.mean(values)) if values else float("nan")),
             noise_std_estimate=float(best.estimate_std)
             if best.evaluations and best.estimate_std is not None
             else float("nan"),
@@ -308,6 +328,8 @@ class EvolutionController(Optimizer):
             public_prompt_tokens=public.prompt_tokens,
             public_completion_tokens=public.completion_tokens,
             planned_private_evaluations=self.planned_private_evaluations,
+            error_share_estimate=None if released is None else released.error_share,
+            error_share_noise_std=None if released is None else released.error_share_std,
         )
 
     # -- running to the end --------------------------------------------------------------
@@ -336,7 +358,7 @@ class EvolutionController(Optimizer):
         return SearchResult(
             prompt=best.text,
             candidate_id=best.id,
-            estimate=float(estimate) if estimate is not None and math.isfinite(estimate) else None,
+            estimate=self._in_range(estimate) if estimate is not None and math.isfinite(estimate) else None,
             epsilon=self.ledger.epsilon(),
             delta=self.ledger.delta,
             epsilons=self.ledger.epsilons(),
@@ -466,6 +488,7 @@ class DPEvolutionStrategy(EvolutionController):
             )
         if labelling_phase.charge_index(ledger) is None:
             labelling_phase.check_task(base, task)  # before any charge, the count of N's too
+            labelling_phase.check_engine(base, engine)
         ledger, resolved, noise, counted = size_count.stage_one(
             base, task, engine, parameters, ledger, plan, checkpoint_dir
         )

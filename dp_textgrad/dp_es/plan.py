@@ -18,6 +18,7 @@ count's plus the search's (:meth:`RunPlan.epsilons`), exactly what the ledger re
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import dp_accounting
@@ -234,6 +235,7 @@ _SCHEDULE_FIELDS = (
     "final_epsilon",
     "feedback",
     "feedback_noise_ratio",
+    "max_error_share",
     "privacy",
     "llm_operators",
     "labelling",
@@ -258,6 +260,7 @@ PLAN_INDEPENDENT_FIELDS = frozenset(
         "size_epsilon_share",
         "counted_dataset_size",
         "warmup_generations",
+        "max_private_evaluations",  # decides sampling_rate when it is 'auto' (resolve_sampling_rate), no more
     }
 )
 
@@ -281,6 +284,112 @@ def _calibrated_value(key: tuple, search_epsilon: float) -> float:
             f"epsilon: cannot fit the planned schedule into epsilon={config.epsilon}, delta={config.delta} "
             f"({exc}); raise epsilon or lower generations/final_epsilon"
         ) from None
+
+
+# -- the sampling rate: planned, not guessed ---------------------------------------------------------
+def mean_noise_std(plan: RunPlan) -> float:
+    """The standard deviation of the DP noise on one candidate's mean score estimate (in units of
+    the clip bound C): z C sqrt(K) / (q N) for Gaussian scores; for a charged selection, the std of
+    its Gumbel (or exponential) noise on a mean, pi / sqrt(6) x C / (eps0 q N). Public: a function
+    of the schedule and the declared (or DP-counted) N."""
+    config = plan.config
+    size = config.public_dataset_size
+    if size is None or plan.value is None:
+        return 0.0 if plan.value is None and size is not None else math.nan
+    batch = config.resolved_sampling_rate * size
+    mechanisms = plan.generation_mechanisms(0)
+    if mechanisms.scores is not None:
+        return float(mechanisms.scores.noise_std) / batch
+    return math.pi / math.sqrt(6.0) / (float(plan.value) * batch)
+
+
+def sampling_std_bound(config: DPESConfig) -> float:
+    """A public bound on the subsampling error of a mean score estimate (units of C): a Poisson
+    subsample of rate q divided by q N has variance sum_i s_i^2 (1 - q) / (q N)^2 <= (1 - q) / (q N)."""
+    size = config.public_dataset_size
+    q = config.resolved_sampling_rate
+    if size is None:
+        return math.nan
+    return math.sqrt(max(0.0, 1.0 - q) / (q * size))
+
+
+def mean_score_std(plan: RunPlan) -> float:
+    """The std of one candidate's mean score estimate: the DP noise and the subsampling bound together."""
+    return math.hypot(mean_noise_std(plan), sampling_std_bound(plan.config))
+
+
+def ranking_probability(plan: RunPlan, margin: float) -> float:
+    """The probability that one generation ranks the best of its K candidates first when its true
+    mean score leads every other candidate's by ``margin`` (units of C; the others tied: the worst
+    case for a given margin). Gaussian scores: the estimates differ by independent errors of std
+    :func:`mean_score_std` (noise and subsampling), P = int phi(t) Phi(t + margin / std)^(K - 1) dt.
+    A charged selection: the exponential mechanism's own odds on the expected sums,
+    1 / (1 + (K - 1) exp(-eps0 margin q N / C)) (its subsampling error left out). Public."""
+    from scipy import integrate, stats
+
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin: must be a finite number >= 0, got {margin}")
+    config = plan.config
+    others = config.population - 1
+    if plan.value is not None and plan.generation_mechanisms(0).scores is None:  # a charged selection
+        size = config.public_dataset_size
+        if size is None:
+            return math.nan
+        lead = float(plan.value) * margin * config.resolved_sampling_rate * size
+        return 1.0 / (1.0 + others * math.exp(-lead))
+    std = mean_score_std(plan)
+    if not math.isfinite(std):
+        return math.nan
+    if std == 0.0:
+        return 1.0 if margin > 0 else 1.0 / config.population
+    shift = margin / std
+
+    def density(t: float) -> float:
+        return float(stats.norm.pdf(t) * stats.norm.cdf(t + shift) ** others)
+
+    value, _ = integrate.quad(density, -12.0, 12.0, limit=200)
+    return min(1.0, max(0.0, float(value)))
+
+
+def resolve_sampling_rate(config: DPESConfig) -> DPESConfig:
+    """``config`` (N declared or counted, delta filled in) with ``sampling_rate: auto`` planned, and
+    a given q checked against ``max_private_evaluations``.
+
+    Auto: among q_max, q_max / 2, q_max / 4 and q_max / 8 (q_max = the largest q whose planned
+    evaluations q N K T fit the cap, at most 1), the q whose calibrated plan gives a candidate's mean
+    score the smallest std, DP noise and subsampling bound together (:func:`mean_score_std`; a tie
+    goes to the smaller, cheaper q). Each candidate q is calibrated to the same budget, so the noise
+    is the plan's own. Public inputs only: the budget, the schedule and the public N.
+    """
+    size = config.public_dataset_size
+    if size is None:
+        raise ConfigError("sampling_rate: resolve the configuration's N (declared, or the DP count) first")
+    per_q = size * config.population * config.generations  # planned evaluations at q = 1
+    if not config.auto_sampling_rate:
+        planned = config.resolved_sampling_rate * per_q
+        cap = config.max_private_evaluations
+        if cap is not None and planned > cap * (1 + 1e-12):
+            raise ConfigError(
+                f"max_private_evaluations: the schedule plans about {planned:.0f} private record evaluations "
+                f"(q N K T), over the cap of {cap}; lower sampling_rate, generations or population, or raise the cap"
+            )
+        return config
+    top = min(1.0, config.evaluation_cap / per_q)
+    if top * size < 1.0:
+        raise ConfigError(
+            f"max_private_evaluations: {config.evaluation_cap} planned evaluations leave less than one record per "
+            f"candidate and generation (N = {size}, K = {config.population}, T = {config.generations}); raise it"
+        )
+    candidates = sorted({top / 2**i for i in range(4) if top / 2**i * size >= 1.0})
+    scored = []
+    for q in candidates:
+        trial = config.model_copy(update={"sampling_rate": q})
+        if strategy_for(trial).calibrates is None:  # privacy off: no noise, the subsampling alone
+            scored.append((sampling_std_bound(trial), q))
+            continue
+        scored.append((mean_score_std(RunPlan.calibrated(trial)), q))
+    _, best = min(scored)
+    return config.model_copy(update={"sampling_rate": best})
 
 
 def _voting_mechanism(settings: LabellingConfig, sigma: float, num_labels: int) -> VotingMechanism:
@@ -309,4 +418,13 @@ def _labelling_sigma(epsilon: float, delta: float, queries: int, threshold_sigma
         ) from None
 
 
-__all__ = ["CALIBRATION_EPSILON_RANGE", "RunPlan", "decide_llm_operators"]
+__all__ = [
+    "CALIBRATION_EPSILON_RANGE",
+    "RunPlan",
+    "decide_llm_operators",
+    "mean_noise_std",
+    "mean_score_std",
+    "ranking_probability",
+    "resolve_sampling_rate",
+    "sampling_std_bound",
+]

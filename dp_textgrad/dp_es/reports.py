@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dp_textgrad.privacy.accounting.bounds import format_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.accounting.lifetime import LifetimeCapExceeded
 
@@ -25,7 +26,7 @@ class GenerationReport:
     generation: int
     best_candidate_id: str
     best_estimate: float
-    mean_estimate: float
+    mean_estimate: float  # over every candidate scored in this generation (the population's mean)
     noise_std_estimate: float
     epsilon_spent: float
     epsilons: dict[str, float]
@@ -33,6 +34,9 @@ class GenerationReport:
     public_prompt_tokens: int = 0
     public_completion_tokens: int = 0
     planned_private_evaluations: float = 0.0
+    # dp.max_error_share: the noisy share of sampled records that failed to score, and its noise std
+    error_share_estimate: float | None = None
+    error_share_noise_std: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -119,6 +123,20 @@ class SearchResult:
         return out
 
 
+# The start of stopped_because when the noisy share of failed records stopped a run (a DP decision).
+FAILURES_STOP = "stopped on failures"
+
+
+def failures_reason(report: GenerationReport, threshold: float | None) -> str:
+    """Why a run stopped on failures (``dp.max_error_share``): DP outputs and public settings only."""
+    return (
+        f"{FAILURES_STOP}: after generation {report.generation + 1} the noisy share of sampled private "
+        f"records that failed to score was {report.error_share_estimate:.3f} (noise std "
+        f"{report.error_share_noise_std:.3f}), above max_error_share {threshold:g} by two standard "
+        "deviations; the operator's errors log (operator/errors.log) has the errors"
+    )
+
+
 def refusal_reason(exc: BudgetExceeded, t: int, generations: int, spent: float, interrupted: int) -> str:
     """Why a run stopped when generation ``t``'s charge was refused (its own budget, or the
     dataset's lifetime cap that other runs on the same data used up)."""
@@ -133,12 +151,12 @@ def refusal_reason(exc: BudgetExceeded, t: int, generations: int, spent: float, 
     if isinstance(exc, LifetimeCapExceeded):
         return (
             f"the dataset's lifetime cap {exc.cap:g} was reached before generation {t + 1} of {generations}: "
-            f"its charge {exc.label!r} would raise the dataset's lifetime filter bound to {exc.epsilon:.4g} (this "
-            f"run spent {spent:.4g}){lost}"
+            f"its charge {exc.label!r} would raise the dataset's lifetime filter bound to "
+            f"{format_epsilon(exc.epsilon)} (this run spent {format_epsilon(spent)}){lost}"
         )
     return (
         f"budget exhausted before generation {t + 1} of {generations}: its charge {exc.label!r} would raise "
-        f"epsilon to {exc.epsilon:.4g} over the budget {exc.budget:g} (spent {spent:.4g}){lost}"
+        f"epsilon to {format_epsilon(exc.epsilon)} over the budget {exc.budget:g} (spent {format_epsilon(spent)}){lost}"
     )
 
 

@@ -16,7 +16,10 @@ utility sum u_k = sum over B of clip(s_{i,k}, 0, C) (sensitivity C per candidate
 - :meth:`DPScorer.score_exact`: NOT private, for the ``privacy='off'`` baseline only.
 
 Estimates divide by the PUBLIC expected batch size q*N, never by the realised |B|
-(which is private). Any failure while records are read is rewritten into
+(which is private). A record that fails to score scores 0 (the backend's
+:func:`~dp_textgrad.dp_es.scoring_backends.batch_totals`): failures are data, counted for the
+operator and, with ``dp.max_error_share``, released as a noisy count charged with the scores.
+Any other failure while records are read (a worker that dies) is rewritten into
 :class:`PrivateScoringError`, which quotes nothing private.
 """
 
@@ -124,6 +127,8 @@ class DPScorer:
         self.backend = backend if backend is not None else LocalScoring(task, engine, sampling_rng, noise.secure)
         # The run directory's journal of releases (None: a run that cannot be resumed).
         self.journal: ReplayJournal | None = None
+        # Where the count and first text of records that failed to score go (operator-only; None: dropped).
+        self.operator_log: Callable[[str], object] | None = None
 
     @property
     def clip_bound(self) -> float:
@@ -242,8 +247,15 @@ class DPScorer:
         def read_scores() -> np.ndarray:
             if "sums" in journaled:  # released by the interrupted attempt: reuse (post-processing)
                 held["noise_std"] = float(journaled["noise_std"])
+                if journaled.get("errors") is not None:
+                    held["errors"] = (float(journaled["errors"]), float(journaled["error_noise_std"]))
                 return np.asarray(journaled["sums"], dtype=float)
             if noised_at_source:
+                if mechanism is not None and mechanism.releases_errors:
+                    raise ValueError(
+                        "max_error_share: silos that add their own noise release no count of failed records; "
+                        "remove dp.max_error_share"
+                    )
                 release = cast(NoisingBackend, self.backend).noised_sums(
                     [str(c.text) for c in candidates], self.sampling_rate, mechanism, bool(feedback)
                 )
@@ -254,12 +266,19 @@ class DPScorer:
                 journal(sums=values.tolist(), noise_std=held["noise_std"], complete=not feedback)
                 return values
             totals = self._totals(candidates, with_confusion=bool(feedback), rng=rng)
+            self._log_failures(label, totals)
             held["confusion"] = totals.confusion
             sums = totals.sums
-            if mechanism is None:
+            if mechanism is None:  # the non-private baseline: the exact count of failures too
+                held["errors"] = (float(totals.errors), 0.0)
                 return np.asarray(sums, dtype=float)
             values = np.asarray(mechanism.release(sums, noise("sums")), dtype=float)
-            journal(sums=values.tolist(), noise_std=float(noise_std), complete=not feedback)
+            errors: dict[str, Any] = {}
+            if mechanism.releases_errors:  # the same Gaussian event (effective_noise_multiplier)
+                std = float(cast(float, mechanism.error_noise_multiplier))
+                held["errors"] = (mechanism.release_errors(totals.errors, noise("errors")), std)
+                errors = {"errors": held["errors"][0], "error_noise_std": std}
+            journal(sums=values.tolist(), noise_std=float(noise_std), complete=not feedback, **errors)
             return values
 
         def read_confusion() -> np.ndarray:
@@ -296,7 +315,8 @@ class DPScorer:
         try:
             sums = self._read_private(label, read_scores)
             noise_std = held.get("noise_std", noise_std)
-            released = self._released(candidates, sums, noise_std, [], None, None)
+            errors = held.get("errors")
+            released = self._released(candidates, sums, noise_std, [], None, None, errors)
             if callable(feedback):  # a function of the released scores only
                 feedback = self._check_feedback(feedback(released), len(candidates))
                 if not feedback:
@@ -309,7 +329,9 @@ class DPScorer:
             confusion = self._read_private(label, read_confusion)
             confusion_std = mechanism.confusion_noise_std(len(feedback)) if mechanism is not None else 0.0
             confusion_std = held.get("confusion_std", confusion_std)
-            return self._released(candidates, released.noisy_sums, noise_std, feedback, confusion, confusion_std)
+            return self._released(
+                candidates, released.noisy_sums, noise_std, feedback, confusion, confusion_std, errors
+            )
         finally:
             held.clear()
 
@@ -339,7 +361,9 @@ class DPScorer:
         # ---- private data is read only below this line, after the charge ----
 
         def read() -> list[int]:
-            sums = self._totals(candidates, False, rng=charge.sampling_rng(self.sampling_rng)).sums
+            totals = self._totals(candidates, False, rng=charge.sampling_rng(self.sampling_rng))
+            self._log_failures(label, totals)
+            sums = totals.sums
             indices = [int(i) for i in mechanism.select(sums, charge.noise(self.noise, "selection"))]
             charge.record(indices=indices, complete=True)
             return indices
@@ -407,6 +431,7 @@ class DPScorer:
         feedback: list[int],
         confusion: np.ndarray | None,
         confusion_std: float | None,
+        errors: tuple[float, float] | None = None,
     ) -> ReleasedScores:
         denominator = self.expected_batch_size  # public q*N, never the realised |B|
         return ReleasedScores(
@@ -420,7 +445,18 @@ class DPScorer:
             confusion_candidate_ids=[str(candidates[j].id) for j in feedback] if feedback else None,
             confusion_noise_std=confusion_std,
             secure_noise=self.noise.secure,
+            noisy_errors=None if errors is None else float(errors[0]),
+            error_noise_std=None if errors is None else float(errors[1]),
         )
+
+    def _log_failures(self, label: str, totals: SubsampleTotals) -> None:
+        """Records that failed to score (each scored 0): their count and the first error's text, for
+        the operator only; nothing of it is released unless a mechanism charged for the count."""
+        if totals.errors and self.operator_log is not None:
+            self.operator_log(
+                f"{label}: {int(totals.errors)} sampled record(s) failed to score and scored 0; "
+                f"first error: {totals.error_detail}"
+            )
 
     @staticmethod
     def _read_private(label: str, read: Any) -> Any:

@@ -161,6 +161,20 @@ def feedback_is_used(config: Any, generation: int) -> bool:
     )
 
 
+# The count of failed records (dp.max_error_share) rides on the scores' Gaussian with this multiple of
+# their noise multiplier: z_eff = z / sqrt(1 + 1/3^2), 5% less than z (the calibration makes it up
+# with 5% more noise), and the share's noise std is 3 z / (q N).
+ERROR_NOISE_RATIO = 3.0
+
+
+def error_stop(share: float | None, share_std: float | None, threshold: float | None) -> bool:
+    """Whether a run stops on failures: the noisy share of failed records is above ``threshold`` by
+    two noise standard deviations (post-processing of the DP count; never when not asked)."""
+    if threshold is None or share is None or share_std is None:
+        return False
+    return bool(share - 2.0 * share_std > threshold)
+
+
 class NoisyScoreTopK(DPSelector):
     """Release every candidate's noisy score (Gaussian); parents are the top-k of the
     shrunk estimates, free post-processing."""
@@ -176,7 +190,8 @@ class NoisyScoreTopK(DPSelector):
         # Feedback is charged only where it is read: never after the last generation, never
         # when no LLM operator reads it.
         z_fb = value * config.feedback_noise_ratio if feedback_is_used(config, generation) else None
-        return GenerationMechanisms(scores=GaussianScoreMechanism(value, clip_bound, num_candidates, z_fb))
+        z_err = value * ERROR_NOISE_RATIO if getattr(config, "max_error_share", None) is not None else None
+        return GenerationMechanisms(scores=GaussianScoreMechanism(value, clip_bound, num_candidates, z_fb, z_err))
 
     def choose(
         self,
@@ -291,10 +306,12 @@ def strategy_for(config: Any) -> DPSelector:
 
 
 __all__ = [
+    "ERROR_NOISE_RATIO",
     "SELECTION_STRATEGIES",
     "Choice",
     "GenerationMechanisms",
     "DPSelector",
+    "error_stop",
     "strategy_for",
     "top_k",
     "tournament",

@@ -17,6 +17,7 @@ from typing import Any
 
 from dp_textgrad import runs
 from dp_textgrad.dp_es.config import DEFAULT_DELTA, ConfigError, DPESConfig
+from dp_textgrad.dp_es.plan import resolve_sampling_rate
 from dp_textgrad.dp_es.preflight import length_tools, preflight
 from dp_textgrad.privacy.accounting.ledger import PrivacyLedger
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism
@@ -85,7 +86,7 @@ def count_dataset_size(
     if checkpoint_dir is not None:
         run_dir = runs.RunDir(checkpoint_dir)
         run_dir.path.mkdir(parents=True, exist_ok=True)
-        ledger.persist_to(run_dir.ledger)
+        ledger.persist_to(run_dir.ledger, runs.RELEASED_FILE_TIME)
     ledger.declare_noise(noise.sampler)
     ledger.spend(mechanism.event(), SIZE_COUNT_LABEL, mechanism.metadata())
     ledger.complete_stage()
@@ -94,14 +95,15 @@ def count_dataset_size(
 
 
 def resolved_for_run(config: DPESConfig, task: Task) -> DPESConfig:
-    """``config`` with q and delta filled in from the declared or counted N.
+    """``config`` with q and delta filled in from the declared or counted N (q planned where it is
+    ``auto``: :func:`~dp_textgrad.dp_es.plan.resolve_sampling_rate`).
 
     Only the non-private baseline (``privacy = "off"``, which claims no guarantee) takes
     the record count as N.
     """
     if config.public_dataset_size is None and config.privacy == "off":
-        return config.resolved(len(task.private_train))
-    return config.resolved()
+        return resolve_sampling_rate(config.resolved(len(task.private_train)))
+    return resolve_sampling_rate(config.resolved())
 
 
 __all__ = ["SIZE_COUNT_LABEL", "count_dataset_size", "resolved_for_run", "stage_one"]

@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from dp_textgrad._io import atomic_write_json
+from dp_textgrad import runs
 from dp_textgrad.dp_es.scoring_backends import NoisedRelease, SubsampleTotals
 from dp_textgrad.federated.placement import NoisePlacement, check_estimators, check_placement, silo_mechanism
 from dp_textgrad.federated.secure_sum import (
@@ -232,7 +232,7 @@ class FederatedScoring:
     def _count_coupling(self, error: float) -> None:
         self.coupling_error += error
         if self.coupling_path is not None:
-            atomic_write_json(self.coupling_path, {"coupling_error": self.coupling_error})
+            runs.write_json(self.coupling_path, {"coupling_error": self.coupling_error})  # public file time
 
     def _post_process(self, sums: np.ndarray, silo_std: float, sampling_rate: float) -> np.ndarray:
         """Drift removal and coordinator shrinkage, in per-record estimate scale (public q * n_s)."""

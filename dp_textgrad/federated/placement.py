@@ -35,6 +35,8 @@ from typing import Any, Literal
 
 import dp_accounting.dp_event as dpe
 
+from dp_textgrad.privacy.accounting.events import PureDpEvent, pure_epsilon_of
+
 NoisePlacement = Literal["central", "distributed", "local"]
 PLACEMENTS: tuple[NoisePlacement, ...] = ("central", "distributed", "local")
 
@@ -115,23 +117,34 @@ def scale_gaussian_noise(event: dpe.DpEvent, factor: float) -> dpe.DpEvent:
         return dpe.SelfComposedDpEvent(scale_gaussian_noise(event.event, factor), event.count)
     if isinstance(event, dpe.ComposedDpEvent):
         return dpe.ComposedDpEvent([scale_gaussian_noise(e, factor) for e in event.events])
-    if isinstance(event, (dpe.NoOpDpEvent, dpe.LaplaceDpEvent)):  # a size count: full noise at its silo
+    if isinstance(event, (dpe.NoOpDpEvent, dpe.LaplaceDpEvent, PureDpEvent)):  # a size count: full noise at its silo
         return event
     raise ValueError(
         f"events: a federated run under distributed noise charges Gaussian events only, got {type(event).__name__}"
     )
 
 
+def _is_count(event: dpe.DpEvent, index: int) -> bool:
+    """Whether ``event`` at ``index`` of a coordinator's ledger is the DP count of N (stage 1).
+
+    The count is charged first, before anything else, as ``PureDpEvent(eps_c)``; earlier versions
+    charged ``LaplaceDpEvent(1 / eps_c)``, which nothing else emits. (A bare pure event first is
+    otherwise a permute-and-flip pick at q = 1 under ``central``: adding its epsilon to the rest's
+    bound is then looser by at most that pick, and still valid.)"""
+    return isinstance(event, dpe.LaplaceDpEvent) or (index == 0 and isinstance(event, PureDpEvent))
+
+
 def staged_bound(events: Sequence[dpe.DpEvent], delta: float, epsilon_of: Any = None) -> float:
-    """epsilon of a federated account: the size counts (pure, stage 1) plus the search's bound.
+    """epsilon of a coordinator's ledger: the size count (pure, stage 1) plus the search's bound.
 
     The search is planned from the released counts (q from the noisy N), so the two stages
-    compose by basic composition, as in the run's ledger (docs/privacy.md, "The dataset size")."""
+    compose by basic composition, as in the run's ledger (docs/privacy.md, "The dataset size").
+    A silo checks its own account on the Renyi filter bound instead (``Silo.max_epsilon``)."""
     if epsilon_of is None:
         from dp_textgrad.privacy.accounting.bounds import smallest_bound as epsilon_of
-    counts = [e for e in events if isinstance(e, dpe.LaplaceDpEvent)]
-    rest = [e for e in events if not isinstance(e, dpe.LaplaceDpEvent)]
-    pure = sum(1.0 / float(e.noise_multiplier) for e in counts)  # Laplace scale b, sensitivity 1
+    counts = [e for i, e in enumerate(events) if _is_count(e, i)]
+    rest = [e for i, e in enumerate(events) if not _is_count(e, i)]
+    pure = sum(float(pure_epsilon_of(e) or 0.0) for e in counts)  # eps_c each (Laplace scale b: 1 / b)
     return pure + (float(epsilon_of(rest, delta)) if rest else 0.0)
 
 

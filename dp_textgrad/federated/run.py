@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dp_textgrad import runs
+from dp_textgrad.dp_es.plan import resolve_sampling_rate
 from dp_textgrad.dp_es.reports import GenerationReport
 from dp_textgrad.federated.config import FederatedSettings
 from dp_textgrad.federated.coordinator import FederatedScoring, InProcessSilos
@@ -160,7 +161,7 @@ def run_federated(
         Path(federation.silo_accounts) if federation.silo_accounts is not None else runs.RunDir(run_dir).silo_accounts
     )
     sizes, config, ledger = public_sizes(settings, names, records, caps, declared, accounts, run_dir, resume)
-    resolved = config.resolved()
+    resolved = resolve_sampling_rate(config.resolved())
     builder = SiloBuilder(
         public_task(task, sizes),
         names,
@@ -169,7 +170,7 @@ def run_federated(
         federation.placement,
         federation.jse == "silo",
         caps,
-        float(resolved.delta),
+        resolved.resolved_delta,
         resolved.max_record_tokens,
         resolved.long_records,
         resolved.insecure_noise_seed,
@@ -203,7 +204,9 @@ def run_federated(
 def resolved_config(settings: FederatedSettings, sizes: list[int]) -> Any:
     """The run's DP-ES settings when every silo's size is declared public (a deployment): N is the
     declared ``dp.dataset_size``, else the sum of the declared sizes; delta follows from it."""
-    return settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved()
+    return resolve_sampling_rate(
+        settings.dp.model_copy(update={"dataset_size": settings.dp.dataset_size or sum(sizes)}).resolved()
+    )
 
 
 def public_sizes(
@@ -261,7 +264,7 @@ def public_sizes(
     delta = dp.delta if dp.delta is not None else DEFAULT_DELTA  # fixed before the count: not from N
     ledger = PrivacyLedger(dp.epsilon, delta)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ledger.persist_to(runs.RunDir(run_dir).ledger)
+    ledger.persist_to(runs.RunDir(run_dir).ledger, runs.RELEASED_FILE_TIME)
     ledger.declare_noise(NoiseSource(insecure_seed=dp.insecure_noise_seed).sampler)
     ledger.spend(
         mechanism.event(),
@@ -292,6 +295,7 @@ def public_sizes(
     runs.write_json(
         counts_path, {"silo_sizes": sizes, "counted": [d is None for d in declared], "size_epsilon": mechanism.epsilon}
     )
+    runs.stamp_released(run_dir)  # the silos' lock files: their times would time each silo's count
     return sizes, dp.model_copy(update={"counted_dataset_size": sum(sizes)}), ledger
 
 
@@ -400,6 +404,7 @@ def coordinate_federated(
         "seconds": seconds,
     }
     runs.write_released_json(run_dir, runs.FEDERATION_NAME, "federation", federation_record)
+    runs.stamp_released(run_dir)  # the silos' lock files and accounts too: no released file times the run
     return dataclasses.replace(outcome, seconds=seconds, federation=federation_record)
 
 

@@ -21,7 +21,10 @@ noise share itself from the run's noise multiplier and its placement, records th
 its own noise gives its records before it reads them (the sums and the confusion counts of
 one subsample are one Gaussian event), lists every release it sends, and refuses a request
 that would take its records past its own ``max_epsilon`` (a tiny multiplier asked by a
-deviating coordinator is refused, not answered). With an ``account_path`` the account
+deviating coordinator is refused, not answered). The cap is a privacy filter: it is checked
+on the Renyi filter bound of the whole account (``filter_epsilon``, as a dataset's lifetime
+store does), because the coordinator may choose each request after seeing earlier releases,
+and the smallest of PLD and RDP holds only for requests fixed in advance. With an ``account_path`` the account
 is a file the silo rewrites atomically (under a file lock) before each read of its
 records: it outlives a run that is killed and resumed and, in a directory kept across
 runs, composes every run that silo answered (``max_epsilon`` then caps its lifetime).
@@ -40,13 +43,13 @@ from typing import Any
 import numpy as np
 
 from dp_textgrad import runs
-from dp_textgrad._io import atomic_write_json
 from dp_textgrad.dp_es.preflight import length_tools
 from dp_textgrad.dp_es.scoring_backends import batch_totals
-from dp_textgrad.federated.placement import NoisePlacement, check_placement, silo_mechanism, staged_bound
+from dp_textgrad.federated.placement import NoisePlacement, check_placement, silo_mechanism
 from dp_textgrad.federated.secure_sum import clip_before_noise
 from dp_textgrad.federated.secure_sum import unmask_threshold as threshold_of
 from dp_textgrad.federated.shrinkage import shrink_within
+from dp_textgrad.privacy.accounting.filter import filter_epsilon
 from dp_textgrad.privacy.accounting.serialize import event_from_dict, event_to_dict
 from dp_textgrad.privacy.mechanisms import GaussianScoreMechanism, LaplaceCountMechanism
 from dp_textgrad.privacy.noise import NoiseSource
@@ -173,7 +176,8 @@ class Silo:
                 [event_from_dict(e) for e in account["events"]] + [mechanism.event()]
             ):
                 raise SiloRefused(
-                    f"max_epsilon: counting would take silo {self.name!r} past its own budget of {self.max_epsilon:g}"
+                    f"max_epsilon: counting would take silo {self.name!r} past its own budget of {self.max_epsilon:g} "
+                    f"(the Renyi filter bound of its whole account at delta {self.delta:g})"
                 )
             state.events = account["events"] + [event_to_dict(mechanism.event())]
             state.releases = account["releases"] + [
@@ -191,7 +195,7 @@ class Silo:
 
     def _write_account(self, state: SiloState) -> None:
         if self.account_path is not None:
-            atomic_write_json(
+            runs.write_json(  # the public file time: a write's time would time the silo's scoring
                 self.account_path, {"silo": self.name, "events": state.events, "releases": state.releases}
             )
 
@@ -227,7 +231,7 @@ class Silo:
                 if not self._within(planned):
                     raise SiloRefused(
                         f"max_epsilon: answering would take silo {self.name!r} past its own budget "
-                        f"of {self.max_epsilon:g} at delta {self.delta:g}"
+                        f"of {self.max_epsilon:g} (the Renyi filter bound of its whole account at delta {self.delta:g})"
                     )
             # Recorded before the records are read, as the ledger does; the confusion counts of this
             # subsample are part of the same event (the effective noise multiplier of both).
@@ -249,10 +253,11 @@ class Silo:
         return {"sums": noised, "noise_std": mechanism.noise_std}
 
     def _within(self, events: list[Any]) -> bool:
-        """Whether ``events`` stay within max_epsilon (an accountant that fails on them: not within)."""
+        """Whether the Renyi filter bound of ``events`` (the whole account, counts included) stays within
+        max_epsilon at the silo's delta (an accountant that fails on them: not within)."""
         try:
-            spent = staged_bound(events, self.delta)
-        except (ValueError, OverflowError, MemoryError):  # e.g. a multiplier so small no grid holds it
+            spent = filter_epsilon(events, self.delta)
+        except (ValueError, OverflowError, MemoryError):  # e.g. a multiplier so small no curve holds it
             return False
         return bool(np.isfinite(spent)) and spent <= float(self.max_epsilon)  # type: ignore[arg-type]
 

@@ -475,6 +475,11 @@ def _generations_for(max_metric_calls: Any, config: DPESConfig) -> int:
     if isinstance(max_metric_calls, bool) or not isinstance(max_metric_calls, int) or max_metric_calls < 1:
         raise ConfigError(f"max_metric_calls: must be an int >= 1, got {max_metric_calls!r}")
     size, rate = config.dataset_size, config.sampling_rate
+    if rate == "auto":  # the planner needs the generations this function derives: a circle
+        raise ConfigError(
+            "sampling_rate: 'auto' plans q for a given number of generations; with max_metric_calls give a "
+            "number for sampling_rate (or give generations instead of max_metric_calls)"
+        )
     if size is not None:
         batch = (rate if rate is not None else min(1.0, DEFAULT_EXPECTED_BATCH / size)) * size
     elif rate is None:

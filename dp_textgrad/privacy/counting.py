@@ -12,6 +12,7 @@ from typing import Any
 import dp_accounting
 import numpy as np
 
+from dp_textgrad.privacy.accounting.events import PureDpEvent
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.privacy.validation import positive_finite
 
@@ -22,9 +23,10 @@ class LaplaceCountMechanism:
 
     Adding or removing one record moves the count by exactly 1 (sensitivity 1), so the
     noisy count is epsilon-DP (discrete Laplace: the ratio of P(k) and P(k + 1) is at most
-    exp(1 / scale)); the clamp is post-processing. The event is ``LaplaceDpEvent(1 / epsilon)``,
-    whose pure epsilon 1 / scale is also that of the discrete sampler; the ledger charges
-    the count by that pure epsilon (see ``docs/privacy.md``, "The dataset size").
+    exp(1 / scale)); the clamp is post-processing. The event is ``PureDpEvent(epsilon)``:
+    shifted by one, a discrete Laplace is exactly the randomized-response pair of epsilon,
+    which the accountants read pure events as (RDP and PLD), whereas a continuous
+    ``LaplaceDpEvent`` would undercharge it (see ``docs/privacy.md``, "The dataset size").
     """
 
     epsilon: float
@@ -40,7 +42,7 @@ class LaplaceCountMechanism:
         return 1.0 / self.epsilon
 
     def event(self) -> dp_accounting.DpEvent:
-        return dp_accounting.LaplaceDpEvent(self.noise_scale)
+        return PureDpEvent(self.epsilon)
 
     def metadata(self) -> dict[str, Any]:
         return {

@@ -85,31 +85,44 @@ def confusion_counts(gold: np.ndarray, predicted: np.ndarray, num_labels: int) -
     return counts
 
 
-def effective_noise_multiplier(noise_multiplier: float, feedback_noise_multiplier: float | None) -> float:
-    """z_eff with 1/z_eff^2 = 1/z^2 + 1/z_fb^2: scores and confusion matrices as one Gaussian.
+def effective_noise_multiplier(
+    noise_multiplier: float, feedback_noise_multiplier: float | None, error_noise_multiplier: float | None = None
+) -> float:
+    """z_eff with 1/z_eff^2 = 1/z^2 + 1/z_fb^2 + 1/z_err^2: scores, confusion matrices and the
+    count of failed records as one Gaussian.
 
-    The scores (L2 sensitivity C sqrt(K), noise std z C sqrt(K)) and m confusion
-    matrices (each record adds 1 to one cell per matrix: L2 sensitivity sqrt(m), noise
-    std z_fb sqrt(m)) come from the same subsample. Divide each block by its noise std:
-    the joint release is a sensitivity vector of L2 norm at most
-    sqrt(1/z^2 + 1/z_fb^2) plus N(0, I), i.e. one Gaussian mechanism of multiplier z_eff.
+    The scores (L2 sensitivity C sqrt(K), noise std z C sqrt(K)), m confusion matrices (each
+    record adds 1 to one cell per matrix: L2 sensitivity sqrt(m), noise std z_fb sqrt(m)) and
+    the count of records that failed to score (sensitivity 1, noise std z_err) come from the
+    same subsample. Divide each block by its noise std: the joint release is a sensitivity
+    vector of L2 norm at most sqrt(1/z^2 + 1/z_fb^2 + 1/z_err^2) plus N(0, I), i.e. one
+    Gaussian mechanism of multiplier z_eff. A missing block contributes nothing.
     """
     z = positive_finite(noise_multiplier, "noise_multiplier")
-    if feedback_noise_multiplier is None:
+    others = [
+        positive_finite(value, name)
+        for value, name in (
+            (feedback_noise_multiplier, "feedback_noise_multiplier"),
+            (error_noise_multiplier, "error_noise_multiplier"),
+        )
+        if value is not None
+    ]
+    if not others:
         return z
-    z_fb = positive_finite(feedback_noise_multiplier, "feedback_noise_multiplier")
-    return 1.0 / math.sqrt(1.0 / z**2 + 1.0 / z_fb**2)
+    return 1.0 / math.sqrt(1.0 / z**2 + sum(1.0 / other**2 for other in others))
 
 
 @dataclass(frozen=True)
 class GaussianScoreMechanism:
     """Release all K utility sums with N(0, (z C sqrt(K))^2) noise on each, and optionally
-    noisy confusion matrices (noise std z_fb sqrt(m)) of m candidates on the same subsample."""
+    noisy confusion matrices (noise std z_fb sqrt(m)) of m candidates and the noisy count of
+    records that failed to score (noise std z_err; ``dp.max_error_share``) on the same subsample."""
 
     noise_multiplier: float
     clip_bound: float
     num_candidates: int
     feedback_noise_multiplier: float | None = None
+    error_noise_multiplier: float | None = None
 
     name = "gaussian_scores"
 
@@ -122,12 +135,9 @@ class GaussianScoreMechanism:
             or self.num_candidates < 1
         ):
             raise ValueError(f"num_candidates: must be an int >= 1, got {self.num_candidates!r}")
-        if self.feedback_noise_multiplier is not None:
-            object.__setattr__(
-                self,
-                "feedback_noise_multiplier",
-                positive_finite(self.feedback_noise_multiplier, "feedback_noise_multiplier"),
-            )
+        for name in ("feedback_noise_multiplier", "error_noise_multiplier"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, positive_finite(getattr(self, name), name))
 
     @property
     def l2_sensitivity(self) -> float:
@@ -143,8 +153,14 @@ class GaussianScoreMechanism:
         return self.feedback_noise_multiplier is not None
 
     @property
+    def releases_errors(self) -> bool:
+        return self.error_noise_multiplier is not None
+
+    @property
     def effective_noise_multiplier(self) -> float:
-        return effective_noise_multiplier(self.noise_multiplier, self.feedback_noise_multiplier)
+        return effective_noise_multiplier(
+            self.noise_multiplier, self.feedback_noise_multiplier, self.error_noise_multiplier
+        )
 
     def event(self, q: float) -> dp_accounting.DpEvent:
         gaussian = dp_accounting.GaussianDpEvent(self.effective_noise_multiplier)
@@ -157,6 +173,7 @@ class GaussianScoreMechanism:
             "noise_multiplier": self.noise_multiplier,
             "clip_bound": self.clip_bound,
             "feedback_noise_multiplier": self.feedback_noise_multiplier,
+            **({"error_noise_multiplier": self.error_noise_multiplier} if self.releases_errors else {}),
             "effective_noise_multiplier": self.effective_noise_multiplier,
         }
 
@@ -168,6 +185,12 @@ class GaussianScoreMechanism:
                 f"sums: expected shape ({self.num_candidates},) or (runs, {self.num_candidates}), got {values.shape}"
             )
         return noise.add_gaussian(values, self.noise_std)
+
+    def release_errors(self, count: float, noise: NoiseSource) -> float:
+        """The noisy count of records that failed to score (sensitivity 1: each record fails or not)."""
+        if self.error_noise_multiplier is None:
+            raise ValueError("error_noise_multiplier: this mechanism releases no count of failed records")
+        return float(noise.add_gaussian(np.asarray([float(count)]), float(self.error_noise_multiplier))[0])
 
     def confusion_noise_std(self, matrices: int) -> float:
         if self.feedback_noise_multiplier is None:

@@ -58,6 +58,8 @@ CHANNELS: dict[str, dict[str, str]] = {
         "public_prompt_tokens": PUBLIC,
         "public_completion_tokens": PUBLIC,
         "planned_private_evaluations": DP_OUTPUT,  # q N K with the declared or DP-counted N, not the real count
+        "error_share_estimate": DP_OUTPUT,  # noisy count of failed records / q N (dp.max_error_share), or None
+        "error_share_noise_std": DP_OUTPUT,  # its noise std / q N: z_err and the declared or DP-counted N
         "private_calls": OPERATOR_ONLY,  # depend on the secret subsample
         "private_prompt_tokens": OPERATOR_ONLY,
         "private_completion_tokens": OPERATOR_ONLY,
@@ -219,6 +221,8 @@ CHANNELS: dict[str, dict[str, str]] = {
         "generation": PUBLIC,  # where the run starts (checkpoints are public)
         "epsilon_spent": PUBLIC,  # the ledger's: a function of the public schedule
         "interrupted_charges": PUBLIC,
+        "task_kind": PUBLIC,  # classify or generate: the run file's
+        "metric": PUBLIC,  # the task's metric name: the run file's
         "lifetime_epsilon": PUBLIC,  # composed epsilons of public schedules
         "lifetime_epsilon_with_plan": PUBLIC,
         "lifetime_accountant": PUBLIC,
@@ -242,7 +246,9 @@ TEXT_CHANNELS: dict[str, str] = {
     "MLflow (--mlflow)": "the `events` objects as parameters and metrics (the lifetime store's path left "
     "out), tags stopped_because / run_dir name / failing error class, and the released "
     "files report.*, plots/, result.json, released_prompt.txt as artifacts",
-    "cli_settings.json": "the user's settings (public)",
+    "operator/cli_settings.json": "operator-only: the command line's settings, which `optimize --resume` reads; "
+    "they hold the private file's absolute path and name, so they stay out of what is shared (config.json "
+    "holds the run's public DP settings)",
     "federation_settings.json": "a federated run's settings (public; what `federated --resume` continues with)",
     "silo_accounts/": "each silo's own account: the events its noise answered and the releases it sent, from "
     "public parameters only (in a deployment each silo keeps its own file)",
@@ -254,12 +260,25 @@ TEXT_CHANNELS: dict[str, str] = {
     "with --json one `events` object per line; with --quiet only the run directory",
     "console (stderr)": "one-line errors that quote no private record and no private-derived number; "
     "validation errors before any charge may name rows of the private file",
-    "exception messages and --debug tracebacks": "engine errors while private records are scored are "
-    "rewritten at the scorer into a fixed message; no local "
-    "variables are shown",
+    "exception messages and --debug tracebacks": "a failure of the scoring machinery itself (a worker "
+    "process that dies) is rewritten at the scorer into a fixed message; no local variables are shown",
     "log records and warnings": "none computed from private records",
-    "exit codes": "0 released, 3 released after an early stop (budget or callback), 1 run failure, "
-    "2 bad input, 130 interrupted: all decided by public events",
+    "file modification times": "every file and folder of a run directory outside operator/ (the run directory "
+    "and plots/ included) and the runs root's run log carry one fixed public time, `runs.RELEASED_FILE_TIME` "
+    "(2000-01-01T00:00:00Z), set before each atomic rename and again at the end of every path that writes a "
+    "run directory (`runs.stamp_released`); files under operator/ keep real times",
+    "tracking timestamps (MLflow)": "public: the run starts when the tracker is built (before the run), each "
+    "generation's metrics are stamped start + generation seconds, the run ends at start + (last generation "
+    "+ 1) seconds; artifacts keep the released file time",
+    "per-record failures": "a record whose engine call, pipeline or program raises scores 0 under every "
+    "candidate and adds one unit to the public `error` category of a failure histogram (the same rule for "
+    "every record, at most one unit: the sensitivities hold); the run goes on, and the count and the error "
+    "text go to operator/errors.log; only `dp.max_error_share` lets failures stop a run, through their "
+    "noisy count released with the scores (dp_output)",
+    "exit codes": "0 released, 3 released after an early stop (budget, callback, or the noisy share of "
+    "failed records over `dp.max_error_share`), 1 run failure (a public probe before any charge, a scoring "
+    "worker that dies), 2 bad input, 130 interrupted: decided by public events and DP outputs, never by "
+    "one record's failure",
     "generated outputs (generation tasks)": "never released: each output on a private record, its length "
     "and token count, whether it hit `max_new_tokens`, and the time it took stay in the scorer's frame; what "
     "leaves is the noisy score sums and, where an LLM operator reads it, the noisy failure histogram over the "

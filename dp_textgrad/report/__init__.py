@@ -82,14 +82,15 @@ def write_report(run_dir: str | Path) -> Path:
     images = charts(config, result, metrics, audit)
     plot_dir = directory / runs.PLOTS_DIR
     plot_dir.mkdir(exist_ok=True)
-    for name, data in images.items():
-        (plot_dir / name).write_bytes(data)
+    for name, data in images.items():  # released files keep the public file time (runs.RELEASED_FILE_TIME)
+        runs.write_released_bytes(plot_dir / name, data)
     markdown = build_markdown(directory, config, result, metrics, {n: f"{runs.PLOTS_DIR}/{n}" for n in images}, audit)
-    _io.atomic_write_text(directory / runs.REPORT_NAME, markdown)
+    runs.write_released_text(directory / runs.REPORT_NAME, markdown)
     page = markdown_to_html(
         build_markdown(directory, config, result, metrics, {n: n for n in images}, audit),
         images,
         title=f"dp-textgrad report: {directory.name}",
     )
-    _io.atomic_write_text(directory / HTML_NAME, page)
+    runs.write_released_text(directory / HTML_NAME, page)
+    runs.stamp_released(directory)  # plots/ was perhaps created just now: the run directory's time changed
     return directory / runs.REPORT_NAME

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dp_textgrad.privacy.accounting.bounds import format_epsilon
+
 
 def _special(value: Any) -> str | None:
     """The text of a missing or infinite value, else None."""
@@ -13,6 +15,12 @@ def _special(value: Any) -> str | None:
     if math.isinf(float(value)):
         return "inf" if float(value) > 0 else "-inf"
     return None
+
+
+def eps(value: Any, decimals: int = 4) -> str:
+    """An epsilon bound, rounded UP at ``decimals`` decimals (a printed bound is never below the
+    proven one); '-' for missing values, inf for an unbounded (non-private) run."""
+    return _special(value) or format_epsilon(float(value), decimals)
 
 
 def num(value: Any, digits: int = 3) -> str:

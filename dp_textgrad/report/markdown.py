@@ -7,13 +7,14 @@ by :mod:`dp_textgrad.privacy.release`; nothing here reads the operator folder.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from dp_textgrad import runs
+from dp_textgrad import _io, runs
 from dp_textgrad.dp_es.selector import SELECTION_STRATEGIES
 from dp_textgrad.report.audit_section import audit_markdown
-from dp_textgrad.report.fmt import INTERVAL_LABELS, interval, metric_label, num, p_value, sig, signed
+from dp_textgrad.report.fmt import INTERVAL_LABELS, eps, interval, metric_label, num, p_value, sig, signed
 from dp_textgrad.report.plots import Z95, evaluation_intervals
 
 UNSAFE_BANNER = (
@@ -56,15 +57,36 @@ def _feedback_name(result: dict[str, Any] | None, config: dict[str, Any] | None 
     return "failure-histogram" if metric not in (None, "accuracy") else "confusion-matrix"
 
 
-def _mechanism(config: dict[str, Any], result: dict[str, Any] | None = None) -> str:
+def charged_parts(run_dir: Path) -> set[str]:
+    """What the run's ledger charged besides the scores: ``feedback`` (a DP confusion matrix or
+    failure histogram) and ``errors`` (the count of failed records). Read from the released
+    ledger, so the report describes only mechanisms that ran (a run may plan feedback and never
+    charge it: no LLM operator read it)."""
+    parts: set[str] = set()
+    path = runs.RunDir(run_dir).ledger
+    if not path.is_file():
+        return parts
+    for entry in list(_io.read_jsonl(path))[1:]:
+        metadata = entry.get("metadata") or {}
+        if metadata.get("feedback_candidates"):
+            parts.add("feedback")
+        if metadata.get("error_noise_multiplier"):
+            parts.add("errors")
+    return parts
+
+
+def _mechanism(config: dict[str, Any], result: dict[str, Any] | None = None, charged: set[str] | None = None) -> str:
     cfg = config.get("config", {})
     strategy = SELECTION_STRATEGIES.get(cfg.get("selection"))
     if strategy is None:
         return str(cfg.get("selection"))
     value = config.get("selection_epsilon" if strategy.calibrates == "epsilon0" else "noise_multiplier")
     text = strategy.describe(float(value), int(cfg.get("parents") or 1)) if value is not None else strategy.name
-    if strategy.supports_feedback and cfg.get("feedback") == "dp_confusion":
+    if "feedback" in (charged or set()):
         text += f"; DP {_feedback_name(result, config)} feedback at {sig(cfg.get('feedback_noise_ratio'))} x that noise"
+    if "errors" in (charged or set()):
+        share = sig(cfg.get("max_error_share"))
+        text += f"; the noisy count of records that failed to score (stop above max_error_share {share})"
     return text
 
 
@@ -100,19 +122,20 @@ def header(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> lis
             "",
         ]
     task = f"task `{config.get('task', '-')}`, engine `{config.get('engine', '-')}`"
+    charged = charged_parts(run_dir)
     if kind == "dp":
         lines += [
-            f"> **({sig(result['epsilon'], 4)}, {sig(result['delta'])})-differential privacy** for each "
+            f"> **({eps(result['epsilon'])}, {sig(result['delta'])})-differential privacy** for each "
             f"record of the private set (neighbours: add or remove one record), covering everything this "
             f"run released; bound: {_used_bound(result).upper()}, the smallest of "
-            f"{len(result.get('epsilons') or {})} valid accountants. {_mechanism(config, result)}; "
+            f"{len(result.get('epsilons') or {})} valid accountants. {_mechanism(config, result, charged)}; "
             f"{_schedule(config)}.",
             "",
         ]
     lines += ["## Guarantee", "", "| | |", "|---|---|"]
     if kind == "dp":
         lines += [
-            f"| epsilon spent | **{sig(result['epsilon'], 4)}** of a budget of {sig(cfg.get('epsilon'), 4)} |",
+            f"| epsilon spent | **{eps(result['epsilon'])}** of a budget of {sig(cfg.get('epsilon'), 4)} |",
             f"| delta | {sig(result['delta'])} |",
             f"| accountant used | {_used_bound(result)} (every accountant's bound is listed below) |",
         ]
@@ -120,7 +143,7 @@ def header(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> lis
         lines += ["| epsilon | none: not differentially private |"]
     lines += [
         "| unit of privacy | one record; neighbouring datasets differ by adding or removing one record |",
-        f"| mechanism | {_mechanism(config, result) if kind == 'dp' else 'none (exact scores)'} |",
+        f"| mechanism | {_mechanism(config, result, charged) if kind == 'dp' else 'none (exact scores)'} |",
         f"| schedule | {_schedule(config)} |",
         f"| noise source | {result.get('noise') or config.get('noise') or 'OS entropy'} |",
         f"| run | {task}; stopped because: {result.get('stopped_because')} |",
@@ -129,24 +152,57 @@ def header(run_dir: Path, config: dict[str, Any], result: dict[str, Any]) -> lis
     return lines
 
 
-def released(result: dict[str, Any]) -> list[str]:
+def expected_maximum(count: int) -> float:
+    """E[max of ``count`` independent standard normals]: how far the largest of K equal candidates'
+    noisy estimates lies above their common value, in noise standard deviations."""
+    if count < 2:
+        return 0.0
+    from scipy import integrate, stats
+
+    value, _ = integrate.quad(lambda t: t * count * stats.norm.pdf(t) * stats.norm.cdf(t) ** (count - 1), -12, 12)
+    return float(value)
+
+
+def released(result: dict[str, Any], config: dict[str, Any] | None = None) -> list[str]:
+    """The released prompt and its DP estimate, saying what the estimate's interval covers: the
+    noise, the subsampling (a public bound from q and N), and the winner's curse of a best-of-K."""
     lines = ["## Released prompt", "", "```text", result["prompt"], "```", ""]
     estimate = result.get("estimate")
     if estimate is None:
         return lines
     evaluations = (result.get("lineage") or [{}])[0].get("evaluations") or []
     noise_std = evaluations[-1].get("noise_std") if evaluations else None
-    if noise_std:
-        half = Z95 * float(noise_std)
-        lines += [
-            f"DP estimate of its score: **{num(estimate)}** (95% noise interval "
-            f"{num(estimate - half)} to {num(estimate + half)}; noise std {sig(noise_std)}; shrunk toward "
-            "the population mean, a DP output like every value in this report).",
-            "",
-        ]
-    else:
-        lines += [f"Score estimate: **{num(estimate)}**.", ""]
-    return lines
+    if not noise_std:
+        return lines + [f"Score estimate: **{num(estimate)}**.", ""]
+    cfg = (config or {}).get("config", {})
+    size = (config or {}).get("dataset_size") or cfg.get("dataset_size") or cfg.get("counted_dataset_size")
+    q = cfg.get("sampling_rate")
+    half = Z95 * float(noise_std)
+    lines.append(
+        f"DP estimate of its score: **{num(estimate)}** (95% noise interval {num(estimate - half)} to "
+        f"{num(estimate + half)}; noise std {sig(noise_std)}; shrunk toward the population mean, a DP output like "
+        "every value in this report)."
+    )
+    if isinstance(q, (int, float)) and size:
+        # Poisson subsample over the public q N: variance sum s_i^2 (1 - q) / (q N)^2 <= (1 - q) / (q N)
+        # for scores in [0, 1] (a public bound; the realised spread is private).
+        sampling = math.sqrt(max(0.0, 1.0 - float(q)) / (float(q) * float(size)))
+        both = Z95 * math.hypot(float(noise_std), sampling)
+        lines.append(
+            f"With the subsampling as well (each generation scores about {float(q) * float(size):.0f} of N = "
+            f"{size} records; at most {sig(sampling)} std), the 95% interval is {num(estimate - both)} to "
+            f"{num(estimate + both)}."
+        )
+    population = int(cfg.get("population") or 0)
+    if population >= 2:
+        bias = expected_maximum(population) * float(noise_std)
+        lines.append(
+            f"Winner's curse: this prompt was released because its estimate was the best of {population} noisy "
+            f"estimates, and the best of {population} equal candidates' estimates overstates their score by "
+            f"{sig(bias)} on average ({expected_maximum(population):.2f} noise std); the shrinkage takes back "
+            "part of it. For an unbiased figure, score the prompt on public test data (`dp-textgrad evaluate`)."
+        )
+    return lines + [""]
 
 
 def _cell(text: Any, limit: int = 120) -> str:
@@ -188,7 +244,7 @@ def labelled_demonstrations(result: dict[str, Any]) -> list[str]:
         f"| answered | **{labelling.get('answered')} of {labelling.get('queries')}** public inputs |",
         f"| teachers | {labelling.get('teachers')} (up to {labelling.get('max_demos')} demonstrations each) |",
         f"| mechanism | {_voting_mechanism(labelling)} |",
-        f"| labelling epsilon | {sig(labelling.get('epsilon'), 4)} alone (calibrated to a share of "
+        f"| labelling epsilon | {eps(labelling.get('epsilon'))} alone (calibrated to a share of "
         f"{sig(share)} of the budget); composed with the search into the total above |",
         "",
     ]
@@ -265,8 +321,7 @@ def privacy(metrics: list[dict[str, Any]], image: str | None) -> list[str]:
         values = m.get("epsilons", {})
         smallest = min((values[n] for n in names if n in values), default=None)
         cells = [
-            f"**{sig(values[n], 4)}**" if n in values and values[n] == smallest else sig(values.get(n), 4)
-            for n in names
+            f"**{eps(values[n])}**" if n in values and values[n] == smallest else eps(values.get(n)) for n in names
         ]
         lines.append(f"| {m['generation']} | " + " | ".join(cells) + " |")
     return lines + [""]
@@ -327,7 +382,7 @@ def build_markdown(
 ) -> str:
     """The whole report; ``images`` maps a chart's name to the reference to embed."""
     lines = header(run_dir, config, result)
-    lines += released(result)
+    lines += released(result, config)
     lines += labelled_demonstrations(result)
     lines += evaluation(result, images.get(runs.ACCURACY_PLOT_NAME))
     lines += privacy(metrics, images.get(runs.EPSILON_PLOT_NAME))

@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 
 ScoreKind = Literal["accuracy", "label_prob"]
 
+#: The public failure category of a record whose engine call or pipeline raised (it scores 0):
+#: generation and scored tasks have it in their failure histograms (docs/privacy.md, "Failures
+#: on private records").
+ERROR_CATEGORY = "error"
+ERROR_DESCRIPTION = "the engine or the pipeline failed on this record (scored 0)"
+
 
 @dataclass(frozen=True)
 class Example:

@@ -12,7 +12,6 @@ the errors stop a run while its task is built, before anything is charged.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +22,7 @@ from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.generation import DEFAULT_GENERATION_TEMPLATE, DEFAULT_STOP, GenerationExample, GenerationTask
 from dp_textgrad.tasks.loaders import DEFAULT_ENCODING, MAX_FILE_BYTES, MAX_RECORD_CHARS, subsample
 from dp_textgrad.tasks.metrics import Metric
-from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors
+from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors, delimited_records
 
 FileFormat = Literal["csv", "tsv", "jsonl"]
 _EXTENSIONS: dict[str, FileFormat] = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
@@ -54,36 +53,18 @@ def _format_of(path: Path, format: FileFormat | None) -> FileFormat:
 def _delimited_rows(path: Path, delimiter: str, encoding: str, max_chars: int) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line where the record starts, column -> cell) for each record; the header must be unique."""
     with path.open(encoding=encoding, newline="") as handle, decoding_errors(path, encoding):
-        reader = csv.reader(LimitedLines(handle, path, max_chars), delimiter=delimiter)
+        records = delimited_records(handle, path, delimiter, max_chars)
         try:
-            header = [h.strip() for h in next(reader)]
+            header = [h.strip() for h in next(records)[1]]
         except StopIteration:
             raise ValueError(f"{path.name}: the file is empty; it needs a header row and records") from None
-        except csv.Error as exc:
-            raise ValueError(f"{path.name}: the header row cannot be parsed ({exc}); check its quoting") from None
         short: list[int] = []
-        start = reader.line_num + 1
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as exc:
-                raise ValueError(
-                    f"{path.name}: the record at line {reader.line_num} cannot be parsed ({exc}); check its "
-                    f"quoting, or shorten it below {max_chars:,} characters (max_record_chars)"
-                ) from None
-            if any(len(cell) > max_chars for cell in row):
-                raise ValueError(
-                    f"{path.name}: the record at line {reader.line_num} has a field longer than the limit "
-                    f"of {max_chars:,} characters; shorten or drop it (max_record_chars)"
-                )
+        for start, row in records:
             if row:
                 if len(row) < len(header):
                     short.append(start)
                 else:
                     yield start, dict(zip(header, row, strict=False))
-            start = reader.line_num + 1
         if short:
             raise ValueError(
                 f"{path.name}: {len(short)} record(s) have fewer fields than the header "

@@ -6,23 +6,19 @@ name the column, the line numbers and the fix instead.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import warnings
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.base import ClassificationTask, Example, ScoreKind
-from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors
-
-if TYPE_CHECKING:
-    from _csv import Reader as CsvReader
+from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors, delimited_records
 
 FileFormat = Literal["csv", "tsv", "jsonl"]
 _EXTENSIONS: dict[str, FileFormat] = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
@@ -89,10 +85,9 @@ def _read_delimited(
 ) -> Iterator[tuple[int, object, object]]:
     """Yield (line where the record starts, text, label); quoted multi-line fields are one record."""
     with path.open(encoding=encoding, newline="") as handle, decoding_errors(path, encoding):
-        lines = LimitedLines(handle, path, max_chars)
-        reader = csv.reader(lines, delimiter=delimiter)
+        records = delimited_records(handle, path, delimiter, max_chars)
         try:
-            header = next(reader)
+            _, header = next(records)
         except StopIteration:
             raise ValueError(f"{path.name}: the file is empty; it needs a header row and records") from None
         header = [h.strip() for h in header]
@@ -104,42 +99,18 @@ def _read_delimited(
                 )
         text_at, label_at = header.index(text_column), header.index(label_column)
         short: list[int] = []
-        start = reader.line_num + 1
-        for row in _rows_within_limit(reader, path, max_chars):
+        for start, row in records:
             if not row:  # a blank line between records
-                start = reader.line_num + 1
                 continue
             if len(row) <= max(text_at, label_at):
                 short.append(start)
             else:
                 yield start, row[text_at], row[label_at]
-            start = reader.line_num + 1
         if short:
             raise ValueError(
                 f"{path.name}: {len(short)} record(s) have fewer fields than the header "
                 f"({_lines(short)}); check the delimiter and quoting"
             )
-
-
-def _rows_within_limit(reader: CsvReader, path: Path, max_chars: int) -> Iterator[list[str]]:
-    # csv's own field limit is process-wide state; check each field here instead (a
-    # quoted field spanning lines is bounded by LimitedLines per line and by this in total).
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise ValueError(
-                f"{path.name}: the record at line {reader.line_num} cannot be parsed ({exc}); check its "
-                f"quoting, or shorten it below {max_chars:,} characters (max_record_chars)"
-            ) from None
-        if any(len(field) > max_chars for field in row):
-            raise ValueError(
-                f"{path.name}: the record at line {reader.line_num} has a field longer than the limit "
-                f"of {max_chars:,} characters; shorten or drop it (max_record_chars)"
-            )
-        yield row
 
 
 def _read_jsonl(

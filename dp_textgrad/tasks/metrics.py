@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from dp_textgrad.tasks.base import ERROR_CATEGORY, ERROR_DESCRIPTION
+
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
 
@@ -125,6 +127,7 @@ _COMMON = {
     CORRECT: "the output gets full marks",
     EMPTY: "the output is empty or white space only",
     TOO_LONG: "the output ran into the max_new_tokens cap and is not fully right",
+    ERROR_CATEGORY: ERROR_DESCRIPTION,  # no output: the engine call failed (tasks.base)
 }
 
 

@@ -10,9 +10,11 @@ adds exactly one unit to the failure histogram, whatever the pipeline does.
 Rules the pipeline must keep (the integrations keep them; a custom pipeline must too): a call
 sees one record and public text only (the prompt, public demonstrations, public settings); it
 writes nothing computed from the record anywhere (no disk cache, no history, no callbacks, no
-logging); and it raises only for faults of the machinery (a server that is down), which stop
-the run with a message quoting no record. A malformed output or a failing metric is a score of
-0 in the ``unparsed`` category, decided inside ``score_record``.
+logging). A malformed output or a failing metric is a score of 0 in the ``unparsed`` category,
+decided inside ``score_record``; a ``score_record`` that raises on a record (its program, its
+engine, a server that is down) scores 0 in the public ``error`` category, the same rule for every
+record: a failure on one private record never stops the run (docs/privacy.md, "Failures on
+private records").
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
-from dp_textgrad.tasks.base import Example, FeedbackSpec
+from dp_textgrad.tasks.base import ERROR_CATEGORY, ERROR_DESCRIPTION, Example, FeedbackSpec
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
@@ -37,6 +39,7 @@ SCORED_CATEGORIES: dict[str, str] = {
     "partial": "the output got part of the marks",
     "wrong": "the output got no marks",
     "unparsed": "the output could not be parsed, or the metric failed on it",
+    ERROR_CATEGORY: ERROR_DESCRIPTION,
 }
 
 #: What ``score_record`` returns: a score in [0, 1], or a score and a category name.
@@ -55,10 +58,13 @@ class ScoredExample(Example):
 @dataclass(frozen=True)
 class ScoredOutcomes:
     """What one candidate did on a batch of records (private until noised): clipped scores in
-    [0, C] and each record's category index in ``SCORED_CATEGORIES`` order."""
+    [0, C], each record's category index in ``SCORED_CATEGORIES`` order, which records' pipeline
+    raised (``failed``) and the first such error's text (``error_detail``, operator-only)."""
 
     scores: np.ndarray
     categories: np.ndarray
+    failed: np.ndarray | None = None
+    error_detail: str | None = None
 
 
 def category_of(value: Any, categories: Sequence[str]) -> tuple[float, int]:
@@ -174,25 +180,37 @@ class ScoredTask:
     # -- scoring ----------------------------------------------------------------------
     def _outcomes(self, prompt: str, records: Sequence[Any]) -> ScoredOutcomes:
         names = list(self.categories)
+        error = names.index(ERROR_CATEGORY) if ERROR_CATEGORY in names else len(names) - 1
 
-        def one(record: Any) -> tuple[float, int]:
-            return category_of(self.score_record(prompt, record), names)
+        def one(record: Any) -> tuple[float, int, str | None]:
+            try:
+                return (*category_of(self.score_record(prompt, record), names), None)
+            except Exception as exc:  # noqa: BLE001 - a failure on a record is data: 0, category error
+                return 0.0, error, f"{type(exc).__name__}: {exc}"
 
         if self.threads > 1 and len(records) > 1:
             with ThreadPoolExecutor(max_workers=min(self.threads, len(records))) as pool:
                 results = list(pool.map(one, records))
         else:
             results = [one(r) for r in records]
-        scores = np.array([s for s, _ in results], dtype=float) * self.clip_bound
-        categories = np.array([c for _, c in results], dtype=int)
-        return ScoredOutcomes(scores=scores.reshape(len(records)), categories=categories.reshape(len(records)))
+        scores = np.array([s for s, _, _ in results], dtype=float) * self.clip_bound
+        categories = np.array([c for _, c, _ in results], dtype=int)
+        failed = np.array([d is not None for _, _, d in results], dtype=bool)
+        detail = next((d for _, _, d in results if d is not None), None)
+        n = len(records)
+        return ScoredOutcomes(scores.reshape(n), categories.reshape(n), failed.reshape(n), detail)
 
     def private_outcomes(self, engine: Engine, prompt: str, batch: PrivateBatch[Any]) -> ScoredOutcomes:
         """Outcomes on private records. Call only from a DP mechanism."""
         return self._outcomes(prompt, [rec.unwrap() for rec in batch])
 
     def public_outcomes(self, prompt: str, examples: Sequence[Any]) -> ScoredOutcomes:
-        return self._outcomes(prompt, [e.payload if isinstance(e, ScoredExample) else e for e in examples])
+        """Outcomes on public or test records; a pipeline that raises on one stops with its error
+        (public records: the message may quote them)."""
+        found = self._outcomes(prompt, [e.payload if isinstance(e, ScoredExample) else e for e in examples])
+        if found.failed is not None and found.failed.any():
+            raise RuntimeError(f"score_record failed on a public or test example: {found.error_detail}")
+        return found
 
     def feedback_counts(self, outcomes: ScoredOutcomes) -> np.ndarray:
         """The failure histogram of ``outcomes``: each record adds 1 to its category."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import csv
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -34,6 +35,41 @@ class LimitedLines:
                 "characters per record; shorten or drop that record (max_record_chars)"
             )
         return line
+
+
+def delimited_records(handle: TextIO, path: Path, delimiter: str, max_chars: int) -> Iterator[tuple[int, list[str]]]:
+    """(line where the record starts, its fields) for each row of a CSV/TSV file, header first.
+
+    Strict quoting: a quote that is never closed would otherwise swallow the rest of the file
+    into one field, silently; here it stops the load, naming the line where that record starts
+    (a quote inside an unquoted field, ``He said "hi"``, stays literal text). Each field is also
+    held to ``max_chars`` (csv's own field limit is process-wide state; a quoted field spanning
+    lines is bounded per line by :class:`LimitedLines` and in total here).
+    """
+    reader = csv.reader(LimitedLines(handle, path, max_chars), delimiter=delimiter, strict=True)
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            if "unexpected end of data" in str(exc):
+                raise ValueError(
+                    f"{path.name}: the record starting at line {start} opens a quote that is never closed, so "
+                    "it would run to the end of the file; close the quote (or double a quote inside a quoted "
+                    'field: "")'
+                ) from None
+            raise ValueError(
+                f"{path.name}: the record starting at line {start} cannot be parsed ({exc}); check its quoting, "
+                f"or shorten it below {max_chars:,} characters (max_record_chars)"
+            ) from None
+        if any(len(field) > max_chars for field in row):
+            raise ValueError(
+                f"{path.name}: the record starting at line {start} has a field longer than the limit "
+                f"of {max_chars:,} characters; shorten or drop it (max_record_chars)"
+            )
+        yield start, row
 
 
 def decoding_errors(path: Path, encoding: str) -> contextlib.AbstractContextManager[None]:
@@ -74,4 +110,4 @@ def first_undecodable_line(path: Path, encoding: str) -> int | None:
                 return None
 
 
-__all__ = ["LimitedLines", "decoding_errors", "first_undecodable_line"]
+__all__ = ["LimitedLines", "decoding_errors", "delimited_records", "first_undecodable_line"]

@@ -13,7 +13,6 @@ import re
 import warnings
 from pathlib import Path
 
-import dp_accounting
 import pytest
 
 from dp_textgrad import DPEvolutionStrategy
@@ -22,7 +21,7 @@ from dp_textgrad.dp_es.config import ConfigError, DPESConfig
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.privacy.accounting import default_accountants
-from dp_textgrad.privacy.accounting.events import group_events
+from dp_textgrad.privacy.accounting.events import PureDpEvent, group_events
 from dp_textgrad.privacy.accounting.ledger import PrivacyLedger
 from dp_textgrad.tasks.synthetic import make_support_task
 from tests.twin import base_rows, run_twin
@@ -53,7 +52,7 @@ def test_an_undeclared_size_is_counted_first_and_everything_follows_the_count(ta
     assert config.dataset_size is None and isinstance(noisy, int) and noisy >= 1
     assert noisy != N_RECORDS  # this seed draws nonzero noise, so the checks below can tell them apart
     count = opt.ledger.entries[0]
-    assert count.event == dp_accounting.LaplaceDpEvent(1 / (0.05 * 2.0))
+    assert count.event == PureDpEvent(0.05 * 2.0)  # the discrete Laplace count: pure DP (issue 47)
     assert count.metadata["mechanism"] == "laplace_count" and count.epsilon == pytest.approx(0.1)
     # q, delta, the denominators and the displayed N come from the noisy count, not the records.
     assert config.sampling_rate == pytest.approx(min(1.0, 150 / noisy))

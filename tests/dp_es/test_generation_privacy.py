@@ -27,7 +27,7 @@ from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.privacy.accounting import PrivacyLedger
 from dp_textgrad.privacy.accounting.events import group_events
 from dp_textgrad.privacy.accounting.serialize import event_to_dict
-from dp_textgrad.privacy.data import PrivateDataset, PrivateScoringError
+from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.privacy.mechanisms import GaussianScoreMechanism
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.tasks.generation import GenerationExample, GenerationTask
@@ -327,20 +327,19 @@ def _mentions_secret(text: str) -> bool:
     return SECRET in text or "Order 6" in text
 
 
-def test_an_engine_that_fails_on_a_private_record_quotes_nothing(tmp_path) -> None:
+def test_an_engine_that_fails_on_a_private_record_scores_it_zero_and_quotes_nothing(tmp_path) -> None:
     task = city_task()
-    with pytest.raises(PrivateScoringError) as caught:
-        dp_textgrad.optimize(
-            task, FailingGenerator(), runs_root=tmp_path, **{**SETTINGS, "sampling_rate": 1.0}, dataset_size=30
-        )
-    error = caught.value
-    assert not _mentions_secret(str(error)) and not _mentions_secret(repr(error.args))
-    assert error.__cause__ is None and error.__context__ is None
-    assert not re.search(r"\d+ chars", str(error))  # no private-derived number either
-    # Nothing released quotes it; the operator's error log may (operator-only).
+    outcome = dp_textgrad.optimize(
+        task, FailingGenerator(), runs_root=tmp_path, **{**SETTINGS, "sampling_rate": 1.0}, dataset_size=30
+    )
+    # The failure is data: the run ends as planned (its stop never depends on one record).
+    assert outcome.result.generations_run == SETTINGS["generations"]
+    # Nothing released quotes it; the operator's error log does (operator-only).
     for path in tmp_path.rglob("*"):
         if path.is_file() and "operator" not in path.relative_to(tmp_path).parts:
-            assert not _mentions_secret(path.read_text(encoding="utf-8", errors="replace")), path
+            text = path.read_text(encoding="utf-8", errors="replace")
+            assert not _mentions_secret(text) and not re.search(r"\d+ chars", text), path
+    assert _mentions_secret((outcome.run_dir / "operator" / "errors.log").read_text())
 
 
 # -- 4. a judge's calls on private outputs are private usage ---------------------------------------

@@ -19,7 +19,7 @@ from dp_textgrad.dp_es import labelling_phase
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig, LabellingConfig, default_teachers
 from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
 from dp_textgrad.dp_es.plan import RunPlan
-from tests.helpers import RuleEngine, make_records, make_task
+from tests.helpers import ExactRuleEngine, RuleEngine, make_records, make_task
 
 tg = import_textgrad()
 POOL = [example.text for example in make_records(24, seed=77)]
@@ -37,7 +37,7 @@ def build(task, run_dir=None, **settings):
     options = dict(epsilon=2.0, dataset_size=len(task.private_train), generations=2, population=3, parents=1,
                    labelling={"teachers": 6, "queries": 8}, insecure_noise_seed=3)
     options.update(settings)
-    return DPEvolutionStrategy([prompt_of(task)], task=task, engine=RuleEngine(), checkpoint_dir=run_dir, **options)
+    return DPEvolutionStrategy([prompt_of(task)], task=task, engine=ExactRuleEngine(), checkpoint_dir=run_dir, **options)
 
 
 def ledger_lines(run_dir: Path) -> list[dict]:
@@ -120,7 +120,7 @@ def test_a_resumed_run_reads_its_labels_back_and_is_never_charged_again(tmp_path
     first = build(task, run_dir, callbacks=[lambda report: True])
     first.run()
     labels = first.labelled
-    engine = RuleEngine()
+    engine = ExactRuleEngine()
     resumed = DPEvolutionStrategy.resume(run_dir, [prompt_of(task)], task=task, engine=engine)
     assert resumed.labelled == labels
     assert resumed.task.public_examples == list(labels.examples)
@@ -146,7 +146,7 @@ def test_a_run_stopped_between_the_charge_and_the_labels_goes_on_without_them(tm
     assert [line["label"] for line in ledger_lines(run_dir)] == ["labelling"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed = DPEvolutionStrategy.resume(run_dir, [prompt_of(task)], task=task, engine=RuleEngine())
+        resumed = DPEvolutionStrategy.resume(run_dir, [prompt_of(task)], task=task, engine=ExactRuleEngine())
     assert any("labels were not saved" in str(w.message) for w in caught)
     assert resumed.interrupted_charges == 0  # the phase's charge is not an interrupted generation's
     result = resumed.run()
@@ -174,7 +174,7 @@ def test_a_generation_task_has_no_labelling_phase() -> None:
 
     task = get_task("support_extract")
     with pytest.raises(ConfigError, match="labelling: teachers vote labels of a classification task"):
-        DPEvolutionStrategy([prompt_of(task)], task=task, engine=RuleEngine(), dataset_size=50,
+        DPEvolutionStrategy([prompt_of(task)], task=task, engine=ExactRuleEngine(), dataset_size=50,
                             labelling={"teachers": 4})
 
 
@@ -239,6 +239,21 @@ def test_a_bad_pool_is_refused_before_the_count_of_n_is_charged(tmp_path: Path) 
     with pytest.raises(ConfigError, match="dp.labelling.queries"):
         build(task, tmp_path / "run", dataset_size=None)
     assert not (tmp_path / "run" / "ledger.jsonl").exists() or ledger_lines(tmp_path / "run") == []
+
+
+def test_an_engine_without_independent_scores_is_refused_before_the_count_of_n(tmp_path: Path) -> None:
+    # A teacher's vote must depend on its own records only; an engine that does not declare that
+    # its scores are independent of earlier calls (a server with a prefix cache) is refused (issue 47).
+    class CachingServer(ExactRuleEngine):
+        deterministic_scores = False
+
+    task = labelled_task()
+    with pytest.raises(ConfigError, match="labelling: the engine CachingServer does not declare"):
+        DPEvolutionStrategy([prompt_of(task)], task=task, engine=CachingServer(), checkpoint_dir=tmp_path / "run",
+                            epsilon=2.0, generations=2, population=3, parents=1,
+                            labelling={"teachers": 6, "queries": 8}, insecure_noise_seed=3)
+    assert not (tmp_path / "run" / "ledger.jsonl").exists() or ledger_lines(tmp_path / "run") == []
+    assert ExactRuleEngine.deterministic_scores  # the engine the other tests label with declares it
 
 
 def test_a_refused_labelling_charge_stops_the_run_like_a_generation(tmp_path: Path, monkeypatch) -> None:

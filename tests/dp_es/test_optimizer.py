@@ -345,22 +345,23 @@ def test_wrong_task_type(task) -> None:
         DPEvolutionStrategy([prompt], task=[Example("a", "b")], engine=make_engine())
 
 
-def test_charge_is_on_disk_before_any_record_is_read(task, tmp_path: Path) -> None:
-    """A crash inside a mechanism never loses its charge (resume cannot double-spend)."""
+def test_charge_is_on_disk_before_any_record_is_read(task, tmp_path: Path, monkeypatch) -> None:
+    """A crash inside a mechanism (a scoring worker that dies) never loses its charge (resume
+    cannot double-spend). Failures on single records are data instead (tests/dp_es/test_failures_are_data.py)."""
+    from dp_textgrad.dp_es.scoring_backends import LocalScoring
 
-    def exploding_rule(context, choices):
-        if "word word" in context:  # the preflight's public probe passes
-            return [0.0] * len(choices)
-        raise RuntimeError("engine crashed while scoring")
+    def worker_dies(self, *args, **kwargs):
+        raise RuntimeError("scoring worker crashed")
 
+    monkeypatch.setattr(LocalScoring, "totals", worker_dies)
     prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
-    engine = ScriptedEngine(responses=["Label the message.</PROMPT>"], choice_rule=exploding_rule)
+    engine = ScriptedEngine(responses=["Label the message.</PROMPT>"])
     opt = DPEvolutionStrategy([prompt], task=task, engine=engine, checkpoint_dir=tmp_path, epsilon=3.0,
                               generations=3, population=4, parents=2, sampling_rate=0.3, use_critiques=False,
                               dataset_size=300)
     with pytest.raises(PrivateScoringError, match="scoring the private records failed") as failure:
         opt.step()
-    assert "engine crashed" not in str(failure.value) and "engine crashed" in failure.value.operator_detail
+    assert "worker crashed" not in str(failure.value) and "worker crashed" in failure.value.operator_detail
     from dp_textgrad.privacy.accounting import PrivacyLedger
 
     on_disk = PrivacyLedger.from_jsonl(tmp_path / "ledger.jsonl")

@@ -173,8 +173,8 @@ def _leak_generated_length(patch) -> None:
 
     patch.setattr(GenerationTask, "generate", counting)
     patch.setattr(GenerationTask, "generate_for_prompts", counting_for_prompts)
-    patch.setattr(DPEvolutionStrategy, "_report", lambda self, t, best, public: dataclasses.replace(
-        report(self, t, best, public), public_completion_tokens=words[0]))
+    patch.setattr(DPEvolutionStrategy, "_report", lambda self, t, best, public, released=None: dataclasses.replace(
+        report(self, t, best, public, released), public_completion_tokens=words[0]))
 
 
 def _leak_judge_cost(patch) -> None:

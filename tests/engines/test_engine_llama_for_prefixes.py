@@ -75,10 +75,16 @@ def test_outputs_equal_generate_after_prefix_up_to_near_ties(llama_engine) -> No
 
 @pytest.mark.slow
 def test_a_record_too_long_for_its_group_goes_one_prompt_at_a_time(llama_engine) -> None:
-    # 2 x (prompt + this record + 100 + 3) does not fit 512 cells: generate_after_prefix's path, exactly.
+    # 2 x (prompt + this record + 100 + 3) does not fit 512 cells: generate_after_prefix's path. Its
+    # texts equal a direct call's up to near ties, as everywhere (measured on one build: the first
+    # prompt parts at its first token, ' ' against ' a', 0.03 nats apart; the others are equal).
     kwargs = {"max_tokens": 100, "stop": ["\n"]}
     outputs = llama_engine.generate_for_prefixes(PREFIXES, LONG_RECORD, **kwargs)
-    assert outputs == [llama_engine.generate_after_prefix(p, [LONG_RECORD], **kwargs)[0] for p in PREFIXES]
+    direct = [llama_engine.generate_after_prefix(p, [LONG_RECORD], **kwargs)[0] for p in PREFIXES]
+    for prefix, one, other in zip(PREFIXES, direct, outputs, strict=True):
+        if one != other:
+            assert parting_is_a_near_tie(llama_engine, prefix + LONG_RECORD, one, other), (one, other)
+    assert sum(a == b for a, b in zip(direct, outputs)) >= 2, (direct, outputs)
 
 
 @pytest.mark.slow

@@ -197,15 +197,20 @@ class BrokenSilos:
 @pytest.mark.parametrize("placement, secure", [("local", False), ("distributed", True)],
                          ids=["local", "distributed-secagg"])
 def test_a_silo_error_stays_at_the_silo_over_flower(task, tmp_path, capfd, placement, secure) -> None:
+    # Engines that fail on every private record: each record scores 0 at its silo (failures are
+    # data), the run ends as planned, and the error's text reaches nothing the coordinator releases.
     settings = flower_settings(tmp_path, generations=1, placement=placement, secure_aggregation=secure)
-    with pytest.raises(PrivateScoringError) as caught:
-        run_federated(settings, engine_factory=BrokenSilos(), task=task)
+    outcome = run_federated(settings, engine_factory=BrokenSilos(), task=task)
     out, err = capfd.readouterr()
-    assert "card was stolen" not in str(caught.value) + out + err
-    ledger = next(tmp_path.glob("federated-*/ledger.jsonl")).read_text().splitlines()
-    # header, the silos' DP count of N (N is not declared) and the one search charge: kept, nothing released
-    assert len(ledger) == 3 and "LaplaceDpEvent" in ledger[1] and '"index": 1' in ledger[2]
-    assert not list(tmp_path.glob("federated-*/result.json"))
+    assert outcome.result.generations_run == 1
+    assert "card was stolen" not in out + err
+    run_dir = next(tmp_path.glob("federated-*"))
+    for path in run_dir.rglob("*"):
+        if path.is_file() and "operator" not in path.relative_to(run_dir).parts:
+            assert "card was stolen" not in path.read_text(encoding="utf-8", errors="replace"), path
+    ledger = (run_dir / "ledger.jsonl").read_text().splitlines()
+    # header, the silos' DP count of N (N is not declared) and the one search charge
+    assert len(ledger) == 3 and '"index": 1' in ledger[2]
 
 
 def test_a_kept_account_directory_caps_each_silos_lifetime(task, tmp_path) -> None:
@@ -214,7 +219,9 @@ def test_a_kept_account_directory_caps_each_silos_lifetime(task, tmp_path) -> No
     fresh account directory the same run goes through."""
     def settings(root: str, accounts: str):
         return load_federated_settings(None, {
-            "federation": {"placement": "local", "transport": "in_process", "silo_max_epsilon": 2.1,
+            # The cap is checked on the Renyi filter bound of each silo's account: 2.88 after the first run
+            # (calibrated to epsilon 2 under PLD), 3.31 with one more step.
+            "federation": {"placement": "local", "transport": "in_process", "silo_max_epsilon": 3.0,
                            "silo_accounts": str(tmp_path / accounts)},
             # N declared: no count, so each silo's account holds the search steps only.
             "dp": {"epsilon": 2.0, "generations": 2, "population": 3, "sampling_rate": 0.3, "delta": 1e-5,

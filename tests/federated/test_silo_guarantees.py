@@ -24,6 +24,7 @@ from dp_textgrad.federated.config import load_federated_settings
 from dp_textgrad.federated.placement import guarantees
 from dp_textgrad.federated.run import run_federated
 from dp_textgrad.privacy.accounting.bounds import smallest_bound
+from dp_textgrad.privacy.accounting.events import PureDpEvent
 from dp_textgrad.privacy.accounting.serialize import event_from_dict
 from dp_textgrad.tasks.synthetic import make_support_task
 import dp_accounting.dp_event as dpe
@@ -208,12 +209,11 @@ def test_without_a_declared_size_each_silo_releases_a_charged_dp_count(task, tmp
     config = json.loads((outcome.run_dir / "config.json").read_text())
     assert config["dataset_size"] == sum(written["silo_sizes"])
     first = json.loads((outcome.run_dir / "ledger.jsonl").read_text().splitlines()[1])
-    assert first["event"]["type"] == "LaplaceDpEvent" and first["event"]["noise_multiplier"] == pytest.approx(
-        1 / size_epsilon)
+    assert first["event"]["type"] == "PureDpEvent" and first["event"]["epsilon"] == pytest.approx(size_epsilon)
     for account in sorted((outcome.run_dir / "silo_accounts").glob("*.json")):
         saved = json.loads(account.read_text())
         assert saved["releases"][0]["kind"] == "size_count"
-        assert event_from_dict(saved["events"][0]) == dpe.LaplaceDpEvent(1 / size_epsilon)
+        assert event_from_dict(saved["events"][0]) == PureDpEvent(size_epsilon)
     assert written["guarantees"][0]["epsilon"] <= 2.0 + 1e-6
 
 
@@ -245,7 +245,7 @@ def test_a_resumed_run_reuses_the_silos_counts_and_is_not_charged_again(task, tm
                             run_dir=run_dir, resume=True)
     assert outcome.result.generations_run == 2 and outcome.federation["silo_sizes"] == counts
     ledger = (run_dir / "ledger.jsonl").read_text()
-    assert ledger.count("LaplaceDpEvent") == 1
+    assert ledger.count("PureDpEvent") == 1  # the count (the search is Gaussian)
     for account in (run_dir / "silo_accounts").glob("*.json"):
         kinds = [r["kind"] for r in json.loads(account.read_text())["releases"]]
         assert kinds.count("size_count") == 1 and kinds.count("noised_sums") == 2

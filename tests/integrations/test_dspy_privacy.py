@@ -720,8 +720,8 @@ def _leak_count_into_reports(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(
         DPEvolutionStrategy,
         "_report",
-        lambda self, t, best, public: dataclasses.replace(
-            report(self, t, best, public), public_completion_tokens=scored[0]
+        lambda self, t, best, public, *rest: dataclasses.replace(
+            report(self, t, best, public, *rest), public_completion_tokens=scored[0]
         ),
     )
 

@@ -11,6 +11,7 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 
+from dp_textgrad.privacy.accounting.bounds import format_epsilon
 from dp_textgrad.privacy.accounting import calibration, composition, dpa_extensions, events as events_mod, ledger as ledger_mod
 from dp_textgrad.privacy.accounting import (
     Accountant,
@@ -374,7 +375,7 @@ def test_spend_refuses_before_recording():
         ledger.spend(PureDpEvent(0.6), "gen 1 selection")
     message = str(info.value)
     assert "gen 1 selection" in message and "budget epsilon=1" in message
-    assert f"{info.value.epsilon:.6g}" in message
+    assert format_epsilon(info.value.epsilon, 6) in message  # rounded up, never below the bound
     assert 1.0 < info.value.epsilon <= 1.2
     assert (ledger.entries, ledger.epsilons()) == before
     assert not ledger.can_afford(PureDpEvent(0.6))

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from dp_textgrad.dp_es.config import DPESConfig
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.privacy.accounting import default_accountants
-from dp_textgrad.privacy.accounting.events import group_events
+from dp_textgrad.privacy.accounting.events import PureDpEvent, group_events
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded, PrivacyLedger
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism
 from dp_textgrad.privacy.noise import NoiseSource
@@ -34,9 +34,9 @@ def search_bounds(events, delta):
 
 
 # -- the mechanism and its sampler --------------------------------------------------------------
-def test_the_count_is_a_laplace_event_of_scale_one_over_epsilon() -> None:
+def test_the_count_is_a_pure_dp_event_with_noise_of_scale_one_over_epsilon() -> None:
     count = LaplaceCountMechanism(0.25)
-    assert count.event() == dp_accounting.LaplaceDpEvent(4.0)
+    assert count.event() == PureDpEvent(0.25)  # the discrete pair is randomized response (test_count_event.py)
     assert count.metadata() == {"mechanism": "laplace_count", "epsilon": 0.25, "noise_scale": 4.0,
                                 "sensitivity": 1}
     with pytest.raises(ValueError, match="epsilon"):

@@ -118,3 +118,33 @@ def test_bad_encoding_names_the_physical_line_and_task_encoding(tmp_path, suffix
     message = str(error.value)
     assert f"train{suffix}: line 2501 is not valid utf-8-sig text" in message
     assert "task.encoding" in message and "latin-1" in message and "byte" not in message
+
+
+@pytest.mark.parametrize("body", [
+    'text,label\nhello,bill\nlast words,"fraud\nthird,tech\nfourth,bill\n',  # the quote opens the last field
+    'text,label\nhello,bill\n"never closed,tech\nthird,fraud\n',  # and the first
+])
+def test_an_unterminated_quote_is_refused_naming_the_line_where_its_record_starts(tmp_path, body) -> None:
+    # Without strict quoting the rest of the file became one record, silently (issue 47).
+    path = tmp_path / "train.csv"
+    path.write_text(body, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train\.csv: the record starting at line 3 opens a quote that is never "
+                                         r"closed") as caught:
+        load_classification_file(path)
+    assert "third" not in str(caught.value) and "fraud" not in str(caught.value)  # names the line, quotes nothing
+
+
+def test_an_unterminated_quote_in_a_generation_file_is_refused(tmp_path) -> None:
+    from dp_textgrad.tasks.generation_files import load_generation_file
+
+    path = tmp_path / "train.csv"
+    path.write_text('input,target\nfly to Rome,Rome\n"fly to Oslo,Oslo\nfly to Lima,Lima\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 3 opens a quote that is never closed"):
+        load_generation_file(path)
+
+
+def test_a_quote_inside_an_unquoted_field_stays_text(tmp_path) -> None:
+    path = tmp_path / "train.csv"
+    path.write_text('text,label\nhe said "hi" to me,bill\n"a, quoted ""field""",tech\nplain,bill\n', encoding="utf-8")
+    rows = load_classification_file(path)
+    assert [r.text for r in rows] == ['he said "hi" to me', 'a, quoted "field"', "plain"]

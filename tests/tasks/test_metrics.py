@@ -174,7 +174,7 @@ def test_python_metric_is_imported_when_built() -> None:
     metric = metric_from_name("python:operator:eq", {"binary": True})
     assert metric.name == "python:operator:eq" and metric.binary
     assert metric.score("a", "a") == 1.0 and metric.score("a", "b") == 0.0
-    assert set(metric.categories) == {"correct", "empty", "too_long", "wrong_answer"}
+    assert set(metric.categories) == {"correct", "empty", "too_long", "error", "wrong_answer"}
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,7 @@ def test_a_run_charges_exactly_its_plan_and_the_demos_come_from_public_examples(
         assert f"number: {number} " not in released or number in (3, 4)
 
 
-def test_a_pipeline_fault_stops_the_run_quoting_nothing(tmp_path) -> None:
+def test_a_pipeline_fault_on_one_record_is_data_and_quotes_nothing(tmp_path) -> None:
     def failing(prompt: str, record: dict) -> float:
         if record["number"] == "7":
             raise ConnectionError(f"server dropped the request for {SECRET} ({record})")
@@ -128,12 +128,26 @@ def test_a_pipeline_fault_stops_the_run_quoting_nothing(tmp_path) -> None:
     records = parity_records(40)
     records[7] = {"number": "7", "answer": SECRET}
     task = parity_task(score=failing, private_train=PrivateDataset(records))
-    with pytest.raises(PrivateScoringError) as caught:
-        dp_textgrad.optimize(task, ScriptedEngine(), runs_root=tmp_path, **{**RUN, "sampling_rate": 1.0})
-    assert SECRET not in str(caught.value) and SECRET not in repr(caught.value.args)
+    # The failing record scores 0 in the public `error` category; the run goes on to its end.
+    outcome = dp_textgrad.optimize(task, ScriptedEngine(), runs_root=tmp_path, **{**RUN, "sampling_rate": 1.0})
+    assert outcome.result.stopped_because == "all generations done"
+    found = task._outcomes("p", records)
+    assert list(found.failed).index(True) == 7 and found.scores[7] == 0.0
+    assert list(task.categories)[found.categories[7]] == "error"
     for path in tmp_path.rglob("*"):
         if path.is_file() and "operator" not in path.relative_to(tmp_path).parts:
             assert SECRET not in path.read_text(encoding="utf-8", errors="replace"), path
+    errors = (outcome.run_dir / "operator" / "errors.log").read_text()
+    assert "ConnectionError" in errors and SECRET in errors  # the operator keeps the detail
+
+
+def test_a_pipeline_fault_on_a_public_example_is_named(tmp_path) -> None:
+    def failing(prompt: str, record: dict) -> float:
+        raise ConnectionError("server down")
+
+    task = parity_task(score=failing)
+    with pytest.raises(RuntimeError, match="server down"):
+        task.public_outcomes("p", task.test)
 
 
 def test_the_preflight_runs_the_tasks_public_probe_before_any_charge(tmp_path) -> None:

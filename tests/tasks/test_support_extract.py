@@ -134,7 +134,7 @@ def test_demo_task_support_extract_runs_the_search_and_the_paired_evaluation(tmp
                            terminal_width=200)
     assert result.exit_code == 0, result.output
     (run_dir,) = [p for p in tmp_path.glob("run-*") if p.is_dir()]
-    settings = runs.read_json(run_dir / runs.CLI_SETTINGS_NAME)
+    settings = runs.read_json(runs.RunDir(run_dir).cli_settings)
     assert settings["task"]["name"] == "support_extract" and settings["task"]["kind"] == "generate"
     assert settings["task"]["options"] == dict(seed=0, n_private=600, n_test=200)  # the demo's defaults
     assert settings["dp"]["generations"] == 2 and settings["dp"]["population"] == 4
@@ -152,7 +152,7 @@ def test_demo_without_task_is_still_the_classification_demo(tmp_path, scripted_e
                                      "--population", "2", "--runs-root", str(tmp_path)], terminal_width=200)
     assert result.exit_code == 0, result.output
     (run_dir,) = [p for p in tmp_path.glob("run-*") if p.is_dir()]
-    settings = runs.read_json(run_dir / runs.CLI_SETTINGS_NAME)
+    settings = runs.read_json(runs.RunDir(run_dir).cli_settings)
     assert settings["task"]["name"] == "support" and settings["task"]["kind"] == "classify"
     assert settings["task"]["options"] == dict(seed=0, n_private=100, n_test=20)
     assert "Test accuracy" in result.output

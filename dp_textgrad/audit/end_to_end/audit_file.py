@@ -187,6 +187,7 @@ def write_audit(run_dir: Path, audit: dict[str, Any], *, optimise_seconds: float
             run_dir=run_dir,
             channel="audit_log",
         )
+    runs.stamp_released(run_dir)  # the audit's end must not be timed by any released file
 
 
 def read_audit(run_dir: str | Path) -> dict[str, Any] | None:

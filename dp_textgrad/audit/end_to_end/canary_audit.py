@@ -302,6 +302,8 @@ def _fewshot_run(
     directory = Path(run_dir) if run_dir is not None else runs.new_run_dir(runs_root)
     directory.mkdir(parents=True, exist_ok=True)
     resolved = config.resolved(len(private))
+    if resolved.auto_sampling_rate:  # the few-shot control runs no search: q is only recorded
+        resolved = resolved.model_copy(update={"sampling_rate": None}).resolved(len(private))
     assert resolved.delta is not None  # resolved() sets it
     fewshot = {"n_demos": n_demos, "seed": seed, "note": FEWSHOT_NOTE}
     runs.write_json(
@@ -315,7 +317,7 @@ def _fewshot_run(
             "dataset_size": len(private),
         },
     )
-    runs.RunDir(directory).prompt.write_text(prompt + "\n", encoding="utf-8")
+    runs.write_released_text(runs.RunDir(directory).prompt, prompt + "\n")
     result = SearchResult(
         prompt=prompt,
         candidate_id="fewshot",
@@ -359,6 +361,7 @@ def _fewshot_run(
         run_dir=directory,
         channel="audit_log",
     )
+    runs.stamp_released(directory)  # the evaluation's end must not be timed by any released file
     return RunOutcome(directory, result, evaluation, seconds, None), positions  # type: ignore[arg-type]
 
 

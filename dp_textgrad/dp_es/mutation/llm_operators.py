@@ -27,6 +27,10 @@ from dp_textgrad.dp_es.mutation.context import MutationContext
 from dp_textgrad.dp_es.mutation.phrase_bank import (
     CROSSOVER_EXAMPLES,
     FORMAT_INSTRUCTIONS,
+    GENERATION_CROSSOVER_EXAMPLES,
+    GENERATION_FORMATS,
+    GENERATION_PHRASES,
+    GENERATION_REWRITE_EXAMPLES,
     INSTRUCTION_PHRASES,
     REWRITE_EXAMPLES,
 )
@@ -46,8 +50,10 @@ from dp_textgrad.dp_es.mutation.text_edits import (
 from dp_textgrad.dp_es.population import Candidate, normalise_text
 from dp_textgrad.privacy.data import PrivateDataError, PublicText
 
-_WORKED_INSTRUCTIONS = tuple(ex[3] for ex in REWRITE_EXAMPLES + CROSSOVER_EXAMPLES)
-_PUBLIC_PHRASES = INSTRUCTION_PHRASES + FORMAT_INSTRUCTIONS
+_WORKED_INSTRUCTIONS = tuple(
+    ex[3] for ex in REWRITE_EXAMPLES + CROSSOVER_EXAMPLES + GENERATION_REWRITE_EXAMPLES + GENERATION_CROSSOVER_EXAMPLES
+)
+_PUBLIC_PHRASES = INSTRUCTION_PHRASES + FORMAT_INSTRUCTIONS + GENERATION_PHRASES + GENERATION_FORMATS
 
 
 def llm_rewrite(
@@ -60,7 +66,8 @@ def llm_rewrite(
     parts: list[Scaffold | PublicText] = [
         Scaffold("Each instruction below was rewritten to fix the problems named in the feedback.\n\n")
     ]
-    for task, before, fb, after in REWRITE_EXAMPLES:
+    # The worked examples of the task's family: a generation task never sees a labelling pattern.
+    for task, before, fb, after in REWRITE_EXAMPLES if ctx.labels else GENERATION_REWRITE_EXAMPLES:
         parts.append(
             Scaffold(
                 f"Task: {task}\nInstruction: {PROMPT_OPEN}{before}{PROMPT_CLOSE}\n"
@@ -114,7 +121,7 @@ def llm_crossover(
     parts: list[Scaffold | PublicText] = [
         Scaffold("Each pair of instructions below was merged into one that keeps the best parts of both.\n\n")
     ]
-    for task, first, second, merged in CROSSOVER_EXAMPLES:
+    for task, first, second, merged in CROSSOVER_EXAMPLES if ctx.labels else GENERATION_CROSSOVER_EXAMPLES:
         parts.append(
             Scaffold(
                 f"Task: {task}\nInstruction A: {PROMPT_OPEN}{first}{PROMPT_CLOSE}\n"

@@ -33,10 +33,7 @@ from dp_textgrad.dp_es.mutation.operators import (
     OPERATORS,
     RULE_OPERATORS,
 )
-from dp_textgrad.dp_es.mutation.phrase_bank import (
-    FORMAT_INSTRUCTIONS,
-    INSTRUCTION_PHRASES,
-)
+from dp_textgrad.dp_es.mutation.phrase_bank import phrase_banks
 from dp_textgrad.dp_es.mutation.readable import foreign_words, instruction_problems, task_vocabulary
 from dp_textgrad.dp_es.mutation.text_edits import Edit, FailedLLMEdit, norm_block
 from dp_textgrad.dp_es.population import Candidate, normalise_text
@@ -106,9 +103,12 @@ class MutationEngine:
         render_demo = render_demo or _default_render_demo
         public = tuple(self._public_example(ex, "public_examples") for ex in public_examples)
         unsafe = tuple(self._public_example(ex, "unsafe_examples") for ex in unsafe_examples)
+        # The task family decides the phrase banks: a prompt that generates never gets a label phrase.
+        self.family = "classify" if public_labels else "generate"
+        phrases, formats = phrase_banks(self.family)
         # Words of the task's public text: phrase-bank sentences and rule edits stay within them.
         vocabulary = task_vocabulary(
-            str(task_description), [str(lab) for lab in public_labels], [ex.text for ex in public]
+            str(task_description), [str(lab) for lab in public_labels], [ex.text for ex in public], formats=formats
         )
         self.weights = self._resolve_weights(weights)
         if max_prompt_chars < 50:
@@ -129,10 +129,8 @@ class MutationEngine:
             + tuple(PublicText(norm_block(render_demo(ex)), "unsafe") for ex in unsafe),
             demo_labels=tuple(ex.label for ex in public + unsafe),
             vocabulary=vocabulary,
-            phrases=tuple(
-                PublicText(p, "phrase_bank") for p in INSTRUCTION_PHRASES if not foreign_words(p, vocabulary)
-            ),
-            formats=tuple(PublicText(p, "phrase_bank") for p in FORMAT_INSTRUCTIONS),
+            phrases=tuple(PublicText(p, "phrase_bank") for p in phrases if not foreign_words(p, vocabulary)),
+            formats=tuple(PublicText(p, "phrase_bank") for p in formats),
             max_prompt_chars=max_prompt_chars,
             min_instruction_chars=min_instruction_chars,
             max_demos=max_demos,

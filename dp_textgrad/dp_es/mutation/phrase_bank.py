@@ -35,6 +35,36 @@ FORMAT_INSTRUCTIONS: tuple[str, ...] = (
     "Give the label without any explanation.",
 )
 
+# The same two banks for prompts that generate (extraction, answers, replies): no label, category or
+# class words, which a generation prompt must never carry (a classification phrase in an extraction
+# prompt tells the model to answer with a category).
+GENERATION_PHRASES: tuple[str, ...] = (
+    "Read the whole input before answering.",
+    "Copy the answer exactly as it is written in the input.",
+    "Give only what is asked for, not the rest of the input.",
+    "If the input holds several candidates, choose the one that is asked for.",
+    "Keep the answer short.",
+    "Ignore greetings and other details that do not answer the request.",
+    "Use the same form as in the examples.",
+    "Look for the part of the input that answers the request.",
+)
+GENERATION_FORMATS: tuple[str, ...] = (
+    "Write only the answer, nothing else.",
+    "Reply with the answer on one line.",
+    "Give the answer without any explanation.",
+    "Output just the requested text.",
+)
+
+
+def phrase_banks(family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(advice phrases, output-format instructions) for a task family: ``classify`` or ``generate``."""
+    if family == "generate":
+        return GENERATION_PHRASES, GENERATION_FORMATS
+    if family == "classify":
+        return INSTRUCTION_PHRASES, FORMAT_INSTRUCTIONS
+    raise ValueError(f"family: use 'classify' or 'generate', got {family!r}")
+
+
 # Verbaliser hints (rule edit "verbaliser_hint"); {labels} is a public list of label names.
 VERBALISER_HINTS: tuple[str, ...] = (
     "Answer with exactly one of: {labels}.",
@@ -58,6 +88,32 @@ REWRITE_EXAMPLES: tuple[tuple[str, str, str, str], ...] = (
         "About 25% of 'negative' reviews are labelled 'positive'.",
         "Decide if the review is positive or negative. "
         "Polite reviews can still be negative; judge what the writer thinks of the product. Answer with one word.",
+    ),
+)
+
+# The same worked examples for prompts that generate: the rewrite and crossover prompts of a
+# generation task show these instead, so a base model continues an extraction pattern, not a label one.
+GENERATION_REWRITE_EXAMPLES: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "Copy the order number out of a customer's email.",
+        "Read the email.",
+        "About 40% of the answers are 'wrong_answer' and 20% are 'too_long'.",
+        "Find the order number in the email and write it exactly as it appears, with nothing else.",
+    ),
+    (
+        "Write the city a traveller wants to fly to, from a booking request.",
+        "What does the traveller want? Explain your answer.",
+        "About 35% of the answers are 'extra_text'.",
+        "Write only the destination city of the request, one or two words, with no explanation.",
+    ),
+)
+GENERATION_CROSSOVER_EXAMPLES: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "Copy the order number out of a customer's email.",
+        "Find the order number in the email. Write nothing else.",
+        "Order numbers start with two letters. Ignore phone numbers and dates.",
+        "Find the order number in the email; it starts with two letters. Ignore phone numbers and dates. "
+        "Write nothing else.",
     ),
 )
 

@@ -57,16 +57,20 @@ def _stem(word: str) -> str:
     return word
 
 
-def task_vocabulary(description: str, labels: Iterable[str], examples: Iterable[str] = ()) -> frozenset[str]:
-    """The (stemmed) words a task's public text uses, plus the generic instruction words."""
+def task_vocabulary(
+    description: str, labels: Iterable[str], examples: Iterable[str] = (), formats: Iterable[str] | None = None
+) -> frozenset[str]:
+    """The (stemmed) words a task's public text uses, plus the generic instruction words and those of
+    its family's output-format instructions (``formats``; default: a classification task's, with its
+    label hints)."""
     words = set(GENERIC_WORDS)
-    for source in [
-        description,
-        *labels,
-        *examples,
-        *FORMAT_INSTRUCTIONS,
-        *(hint.replace("{labels}", "") for hint in VERBALISER_HINTS),
-    ]:
+    labels = list(labels)
+    family_words = (
+        [*FORMAT_INSTRUCTIONS, *(hint.replace("{labels}", "") for hint in VERBALISER_HINTS)]
+        if formats is None
+        else list(formats)
+    )
+    for source in [description, *labels, *examples, *family_words]:
         words.update(_words(str(source)))
     return frozenset(_stem(w) for w in words)
 

@@ -4,16 +4,21 @@
 ``prompt`` as its instruction on ``example.inputs()`` and scores the prediction with the user's
 metric. Each call is sealed off from DSPy's side channels, so nothing computed from the private
 example leaves it except the score: DSPy's history is disabled, global callbacks and those of
-the program's modules, its adapter and its LMs are removed, the LMs are copies with DSPy's
-response cache off (no memory or disk entry holds the record), usage tracking and the trace
-are off, the type-mismatch warning (it quotes the input value) is off, and log records and
-Python warnings raised in the scoring thread are dropped (:class:`SilencedPrivateCalls`). A parse
-failure or a failing metric is a score of 0 in the ``unparsed`` category; a failing LM or
-transport propagates (the DP scorer stops the run with a message quoting no record).
+the program's modules, its adapter and its LMs are removed, every LM the program holds (a
+predictor's ``lm``, an LM a module switches in with ``dspy.context``) runs as a copy with no
+callbacks and no history, usage tracking and the trace are off, and the type-mismatch warning
+(it quotes the input value) is off. Three channels are closed by the private call itself, not
+by settings (:class:`PrivateCallGate`): DSPy's response cache, memory and disk, is a disabled one
+for the call whatever the call, the predictor's config or the LM ask for, and log records and
+Python warnings made in the call are dropped at every handler, those of loggers made during the
+call included. A parse failure or a failing metric is a score of 0 in the ``unparsed``
+category; a failing LM or transport propagates out of ``score_record``.
 
-Limits, said plainly: threads a program starts itself (``dspy.Parallel``) get DSPy's sealed
-settings (DSPy copies them over) but not the log silencing; text a program prints, and what
-its own code writes, are the program's business.
+Limits, said plainly: a private call covers its own thread and what DSPy or asyncio start for it
+with its context (``dspy.Parallel``, ``asyncio.to_thread``), not a thread the program starts
+itself with ``threading``; an LM the program does not hold (a module-level global switched in
+with ``dspy.context``) keeps its own callbacks; text a program prints, the global state it
+changes and the files its own code writes are the program's business.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -170,72 +176,163 @@ def metric_score(value: Any) -> RecordScore:
 
 
 # -- the seal around each private call ------------------------------------------------------
-class SilencedPrivateCalls:
-    """While active (a ``with`` block around a compile), drops the log records and Python
-    warnings raised in a thread that is running a private call (:meth:`private_call`): DSPy's,
-    litellm's, the HTTP clients', the user's program's own.
+#: The DSPy setting that marks a private call (:func:`in_private_call`). DSPy copies its settings
+#: into the threads it starts for a program (``dspy.Parallel``, ``asyncify``) and asyncio copies
+#: them into tasks and ``asyncio.to_thread`` workers (where DSPy's async calls read the cache), so
+#: what a private call runs there is marked too.
+PRIVATE_CALL_SETTING = "dp_textgrad_private_call"
 
-    Log records are dropped by a filter on every logger (loggers made since are covered at the
-    start of each call; one first made in the middle of a call is covered from the next);
-    warnings by a wrapper of ``warnings.showwarning`` that passes other threads' warnings on.
-    Both are taken away when the block ends. Text a program prints is not caught."""
+_calling = threading.local()  # .depth: private calls running in this thread
+
+
+def in_private_call() -> bool:
+    """Whether the running thread is inside a private call (:func:`private_call`), or runs in
+    the DSPy context of one."""
+    if getattr(_calling, "depth", 0):
+        return True
+    dspy = sys.modules.get("dspy")
+    return dspy is not None and bool(dspy.settings.get(PRIVATE_CALL_SETTING, False))
+
+
+class PrivateCallGate:
+    """The process-wide hooks that close three channels to every private call, installed while
+    at least one user holds the gate (a compile, a private call) and taken away after the last:
+
+    - **logs**: ``logging.Handler.handle`` drops a record made in a private call, so every handler
+      is covered, of every logger, those made later included (a library that makes its logger
+      lazily, in the middle of a call);
+    - **warnings**: ``warnings.showwarning`` drops a warning raised in a private call;
+    - **DSPy's response cache**: ``dspy.cache``, read in a private call, is a disabled cache (no
+      memory, no disk), whatever the call, the predictor's config or the LM ask for; read
+      anywhere else it is DSPy's own, as configured (``dspy.configure_cache`` included). DSPy
+      reads it on each call, through the module: its module class gets a ``cache`` property.
+
+    Each hook is put back only if it is still the one installed (someone may have wrapped it)."""
 
     def __init__(self) -> None:
-        self._local = threading.local()
-        self._filtered: list[logging.Logger] = []
-        self._known = 0
         self._lock = threading.Lock()
-        self._previous_showwarning: Any = None
-        self._active = False
+        self._users = 0
+        self._dspy: Any = None
+        self._handle: Any = None
+        self._showwarning: Any = None
+        self._module_class: Any = None
+        self._gated_classes: dict[type, type] = {}  # DSPy's module class -> its subclass with the gated cache
+        self._hooks: dict[str, Any] = {}
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        """A logging filter: False (drop) for a record made in a thread running a private call."""
-        return not getattr(self._local, "depth", 0)
-
-    def _show_warning(self, *args: Any, **kwargs: Any) -> None:
-        if getattr(self._local, "depth", 0):
-            return
-        self._previous_showwarning(*args, **kwargs)
-
-    def _cover_new_loggers(self) -> None:
-        registry = logging.root.manager.loggerDict
-        if len(registry) == self._known:
-            return
+    def acquire(self) -> None:
+        """Hold the gate (the hooks are installed by the first holder)."""
         with self._lock:
-            loggers = [logging.root, *(item for item in list(registry.values()) if isinstance(item, logging.Logger))]
-            for logger in loggers:
-                if logger not in self._filtered:
-                    logger.addFilter(self)
-                    self._filtered.append(logger)
-            self._known = len(registry)
+            if self._users == 0:
+                self._install()
+            self._users += 1
+
+    def release(self) -> None:
+        """Let go of the gate (the hooks are taken away by the last holder)."""
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                self._uninstall()
+
+    def _install(self) -> None:
+        dspy = self._dspy = import_dspy()
+        module_class = self._module_class = type(dspy)
+        gated_class = self._gated_classes.get(module_class)
+        if gated_class is None:
+            cache = property(_gated_cache, _set_cache, _del_cache)
+            gated_class = self._gated_classes[module_class] = type(
+                "DSPyModuleWithGatedCache", (module_class,), {"cache": cache}
+            )
+        dspy.__class__ = gated_class
+        handle = self._handle = logging.Handler.handle
+        show = self._showwarning = warnings.showwarning
+
+        def gated_handle(handler: logging.Handler, record: logging.LogRecord) -> bool:
+            return False if in_private_call() else handle(handler, record)
+
+        def gated_showwarning(*args: Any, **kwargs: Any) -> None:
+            if not in_private_call():
+                show(*args, **kwargs)
+
+        self._hooks = {"module": gated_class, "handle": gated_handle, "showwarning": gated_showwarning}
+        logging.Handler.handle = gated_handle  # type: ignore[method-assign,assignment]
+        warnings.showwarning = gated_showwarning
+
+    def _uninstall(self) -> None:
+        if logging.Handler.handle is self._hooks["handle"]:
+            logging.Handler.handle = self._handle  # type: ignore[method-assign]
+        if warnings.showwarning is self._hooks["showwarning"]:
+            warnings.showwarning = self._showwarning
+        if type(self._dspy) is self._hooks["module"]:
+            self._dspy.__class__ = self._module_class
+        self._hooks = {}
+
+
+def _gated_cache(module: Any) -> Any:
+    if in_private_call():  # a cache with both tiers off: every lookup misses, every store is dropped
+        return module.clients.Cache(enable_disk_cache=False, enable_memory_cache=False, disk_cache_dir=None)
+    found = vars(module).get("cache")
+    if found is not None:
+        return found
+    build = vars(module).get("__getattr__")  # DSPy builds its default cache on first read
+    if build is None:
+        raise AttributeError("cache")
+    return build("cache")
+
+
+def _set_cache(module: Any, value: Any) -> None:
+    vars(module)["cache"] = value
+
+
+def _del_cache(module: Any) -> None:
+    vars(module).pop("cache", None)
+
+
+#: The one gate of the process (its hooks are process-wide).
+PRIVATE_CALL_GATE = PrivateCallGate()
+
+
+@contextmanager
+def private_call() -> Iterator[None]:
+    """Run the block as a private call: in this thread and in the DSPy context it runs in (module
+    constant :data:`PRIVATE_CALL_SETTING`), log records and warnings are dropped and DSPy's
+    response cache is closed (:class:`PrivateCallGate`, held for the block)."""
+    dspy = import_dspy()
+    PRIVATE_CALL_GATE.acquire()
+    _calling.depth = getattr(_calling, "depth", 0) + 1
+    try:
+        with dspy.context(**{PRIVATE_CALL_SETTING: True}):
+            yield
+    finally:
+        _calling.depth -= 1
+        PRIVATE_CALL_GATE.release()
+
+
+class SilencedPrivateCalls:
+    """While active (a ``with`` block around a compile), holds the :class:`PrivateCallGate`: the
+    log records, Python warnings and DSPy cache lookups of every private call (:meth:`private_call`)
+    are dropped, in the thread that runs it and in the threads and tasks DSPy or asyncio start
+    for it with its context; other threads keep their logs, warnings and cache. Everything is put
+    back when the block ends. Text a program prints is not caught, nor what a thread it starts
+    itself (``threading.Thread``) logs."""
+
+    def __init__(self) -> None:
+        self._held = 0
 
     def __enter__(self) -> SilencedPrivateCalls:
-        self._cover_new_loggers()
-        self._previous_showwarning = warnings.showwarning
-        warnings.showwarning = self._show_warning
-        self._active = True
+        PRIVATE_CALL_GATE.acquire()
+        self._held += 1
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._active = False
-        if warnings.showwarning == self._show_warning:
-            warnings.showwarning = self._previous_showwarning
-        with self._lock:
-            for logger in self._filtered:
-                logger.removeFilter(self)
-            self._filtered.clear()
-            self._known = 0
+        if self._held:
+            self._held -= 1
+            PRIVATE_CALL_GATE.release()
 
     @contextmanager
     def private_call(self) -> Iterator[None]:
-        """Mark this thread as running a private call for the duration of the block."""
-        if self._active:
-            self._cover_new_loggers()
-        self._local.depth = getattr(self._local, "depth", 0) + 1
-        try:
+        """Mark the block as a private call (:func:`private_call`)."""
+        with private_call():
             yield
-        finally:
-            self._local.depth -= 1
 
 
 def private_lm(lm: Any) -> Any:
@@ -252,13 +349,62 @@ def private_lm(lm: Any) -> Any:
 
 
 def private_adapter(adapter: Any) -> Any:
-    """A copy of the DSPy adapter without its callbacks (None: DSPy's default, ChatAdapter)."""
+    """A copy of the DSPy adapter without its callbacks (None: DSPy's default, ChatAdapter); an LM
+    it holds (``TwoStepAdapter``'s extraction model) is a :func:`private_lm` copy."""
     if adapter is None:
         return None
+    dspy = import_dspy()
     copied = copy.copy(adapter)
     if hasattr(copied, "callbacks"):
         copied.callbacks = []
+    for name, value in list(getattr(copied, "__dict__", {}).items()):
+        if isinstance(value, dspy.BaseLM):
+            setattr(copied, name, private_lm(value))
     return copied
+
+
+def with_lms_replaced(value: Any, replace: Callable[[Any], Any]) -> Any:
+    """``value`` with ``replace(lm)`` in place of each DSPy LM it holds, through DSPy modules'
+    attributes and the items of lists, tuples and dicts. What holds a replaced LM is copied
+    (shallow), never changed in place: a part shared with the user's program stays as it is."""
+    dspy = import_dspy()
+    done: dict[int, Any] = {}
+
+    def fixed(item: Any) -> Any:
+        if isinstance(item, dspy.BaseLM):
+            return replace(item)
+        if not isinstance(item, (dspy.BaseModule, list, tuple, dict)) or id(item) in done:
+            return done.get(id(item), item)
+        done[id(item)] = item  # a cycle back to an item being fixed finds the item itself
+        result = item
+        if isinstance(item, dspy.BaseModule):
+            changed = {name: new for name, part in vars(item).items() if (new := fixed(part)) is not part}
+            if changed:
+                result = copy.copy(item)
+                for name, new in changed.items():
+                    setattr(result, name, new)
+        elif type(item) is dict:  # a subclass of dict, list or tuple is left as it is
+            entries = {key: fixed(part) for key, part in item.items()}
+            if any(entries[key] is not part for key, part in item.items()):
+                result = entries
+        elif type(item) in (list, tuple):
+            parts = [fixed(part) for part in item]
+            if any(new is not part for new, part in zip(parts, item)):
+                result = type(item)(parts)
+        done[id(item)] = result
+        return result
+
+    return fixed(value)
+
+
+def copy_sharing(module: Any, shared: dict[int, Any]) -> Any:
+    """A deep copy of ``module`` in which each object whose id is a key of ``shared`` is that key's
+    value, not a copy; DSPy's own ``deepcopy`` (attribute by attribute) when something it holds
+    cannot be deep-copied."""
+    try:
+        return copy.deepcopy(module, dict(shared))
+    except Exception:  # noqa: BLE001 - a lock, a client: DSPy's copy shares what it cannot copy
+        return module.deepcopy()
 
 
 class SealedProgram:
@@ -266,8 +412,9 @@ class SealedProgram:
 
     ``run(prompt, inputs)`` runs a fresh copy of the template whose predictor ``predictor_name``
     has ``prompt`` as its instruction, inside a DSPy context with every side channel off (module
-    docstring). The template holds no LM, so that the per-call copies share one sealed copy of
-    each LM (the default one and each predictor's own) instead of copying it per call."""
+    docstring). Every LM the program holds (a predictor's ``lm``, an LM a module keeps to switch
+    in with ``dspy.context``) is a sealed copy (:func:`private_lm`), one per LM, which the
+    per-call copies share instead of copying it per call."""
 
     def __init__(
         self,
@@ -283,39 +430,41 @@ class SealedProgram:
         self.silencer = silencer
         self.lm = private_lm(lm)
         self.adapter = private_adapter(adapter)
-        own_lms: dict[str, Any] = {}
-        for name, predictor in program.named_predictors():
-            if getattr(predictor, "lm", None) is not None:
-                own_lms[name] = predictor.lm
-        stripped = program.deepcopy() if own_lms else program
-        if own_lms:
-            for _, predictor in stripped.named_predictors():
-                predictor.lm = None
-        self.template = stripped.deepcopy()
+        configured = dspy.settings.lm  # what the metric's own DSPy calls (an LLM judge) run on
+        self.metric_lm = private_lm(configured) if configured is not None else None
+        self.metric_adapter = private_adapter(dspy.settings.adapter)
+        held = {id(lm_): private_lm(lm_) for _, lm_ in program.named_sub_modules(type_=dspy.BaseLM)}
+        self._sealed_lms = {id(lm_): lm_ for lm_ in held.values()}
+        # With DSPy's fallback copy (the program holds something that cannot be deep-copied), the
+        # template may hold copies of the user's LMs: they are sealed too.
+        self.template = with_lms_replaced(copy_sharing(program, held), self._seal_lm)
         for _, module in self.template.named_sub_modules():
             module.callbacks = []
             module.history = []
-        for _, predictor in self.template.named_predictors():
-            config = getattr(predictor, "config", None)
-            if isinstance(config, dict):
-                config.pop("cache", None)  # a per-call cache=True would override the LM's setting
-        self.own_lms = {name: private_lm(lm_) for name, lm_ in own_lms.items()}
+
+    def _seal_lm(self, lm: Any) -> Any:
+        """``lm`` if it is one of the sealed copies, else a new sealed copy of it."""
+        if id(lm) not in self._sealed_lms:
+            sealed = private_lm(lm)
+            self._sealed_lms[id(sealed)] = sealed
+            return sealed
+        return lm
 
     def copy_with(self, prompt: str) -> Any:
         """A copy of the template with ``prompt`` as the optimized predictor's instruction."""
-        candidate = self.template.deepcopy()
+        candidate = copy_sharing(self.template, self._sealed_lms)
         for name, predictor in candidate.named_predictors():
             if name == self.predictor_name:
                 predictor.signature = predictor.signature.with_instructions(prompt)
-            if name in self.own_lms:
-                predictor.lm = self.own_lms[name]
         return candidate
 
     @contextmanager
-    def sealed(self) -> Iterator[None]:
-        """A DSPy context with every side channel of a call off, in this thread."""
+    def sealed(self, *, metric: bool = False) -> Iterator[None]:
+        """A DSPy context with every side channel of a call off, as a private call, in this thread.
+        ``metric``: the context of the user's metric, whose own DSPy calls (an LLM judge) run on
+        sealed copies of DSPy's configured LM and adapter (as they were when the task was built),
+        not the program's."""
         settings: dict[str, Any] = dict(
-            lm=self.lm,
             callbacks=[],
             disable_history=True,
             track_usage=False,
@@ -327,8 +476,11 @@ class SealedProgram:
             provide_traceback=False,
             _decision_evidence=None,
         )
-        if self.adapter is not None:
-            settings["adapter"] = self.adapter
+        lm, adapter = (self.metric_lm, self.metric_adapter) if metric else (self.lm, self.adapter)
+        if lm is not None:
+            settings["lm"] = lm
+        if adapter is not None:
+            settings["adapter"] = adapter
         with self.silencer.private_call(), self._dspy.context(**settings):
             yield
 
@@ -369,7 +521,7 @@ def program_as_task(
         except dspy.AdapterParseError:
             return (0.0, "unparsed")
         try:
-            with sealed.silencer.private_call():
+            with sealed.sealed(metric=True):
                 return metric_score(call_metric(example, prediction))
         except Exception:  # a metric failing on this output: the same category for every record
             return (0.0, "unparsed")
@@ -421,17 +573,24 @@ def render_demo(signature: Any, example: Any) -> str:
 
 
 __all__ = [
+    "PRIVATE_CALL_GATE",
+    "PRIVATE_CALL_SETTING",
     "UNSUPPORTED_PARTS",
+    "PrivateCallGate",
     "SealedProgram",
     "SilencedPrivateCalls",
     "check_examples",
     "check_no_demos",
     "check_program",
     "choose_predictor",
+    "copy_sharing",
+    "in_private_call",
     "metric_caller",
     "metric_score",
     "private_adapter",
+    "private_call",
     "private_lm",
     "program_as_task",
     "render_demo",
+    "with_lms_replaced",
 ]

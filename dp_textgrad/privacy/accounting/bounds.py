@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -79,6 +80,23 @@ def all_bounds(accountants: Sequence[Accountant], events: Sequence[dpe.DpEvent],
         else:
             bounds[accountant.name] = math.inf
     return bounds
+
+
+def format_epsilon(value: float, decimals: int = 4) -> str:
+    """An epsilon bound as text with ``decimals`` fixed decimals, rounded UP (ceiling), never to nearest:
+    a printed bound must not be below the proven one (3.412038 prints 3.4121, not 3.4120).
+
+    The float's shortest decimal form (its ``repr``) is rounded, so 0.2 prints 0.2000; inf prints inf.
+    """
+    if isinstance(decimals, bool) or not isinstance(decimals, int) or decimals < 0:
+        raise ValueError(f"decimals: must be an integer >= 0, got {decimals!r}")
+    value = float(value) + 0.0  # -0.0 prints as 0
+    if math.isnan(value) or math.isinf(value):
+        return repr(value)
+    # enough digits for any float (up to 1e308) at that many decimals: quantize is then exact
+    context = decimal.Context(prec=decimals + 330, rounding=decimal.ROUND_CEILING)
+    rounded = decimal.Decimal(repr(value)).quantize(decimal.Decimal(1).scaleb(-decimals), context=context)
+    return f"{rounded:f}"
 
 
 def smallest_bound(

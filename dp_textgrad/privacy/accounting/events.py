@@ -86,6 +86,8 @@ def validate_event(event: Any) -> None:
         raise TypeError(f"event: expected a dp_accounting.DpEvent, got {type(event).__name__}")
     if isinstance(event, PureDpEvent):
         check_nonnegative(event.epsilon, "PureDpEvent.epsilon")
+    elif isinstance(event, dpe.LaplaceDpEvent):
+        check_nonnegative(event.noise_multiplier, "LaplaceDpEvent.noise_multiplier")
     elif isinstance(event, GumbelTopKDpEvent):
         check_nonnegative(event.epsilon0, "GumbelTopKDpEvent.epsilon0")
         if isinstance(event.k, bool) or not isinstance(event.k, numbers.Integral) or event.k < 1:
@@ -116,13 +118,40 @@ def validate_events(events: Sequence[dpe.DpEvent]) -> list[dpe.DpEvent]:
 # --------------------------------------------------------------------------- event structure
 
 
+def read_laplace_as_pure(event: dpe.DpEvent) -> dpe.DpEvent:
+    """``event`` with every ``LaplaceDpEvent(b)`` in it read as ``PureDpEvent(1 / b)``.
+
+    Earlier versions charged the discrete-Laplace count of N as ``LaplaceDpEvent(1 / eps_c)``, and
+    their ledgers, lifetime stores and silo accounts still hold it. Shifted by one, a discrete
+    Laplace is exactly the randomized-response pair of eps_c, whose RDP and PLD exceed the
+    continuous Laplace's that dp-accounting would give. A sensitivity-1 Laplace of scale b,
+    discrete or not, is (1/b)-DP, and randomized response dominates every such pair, so the pure
+    event is a valid reading of both (and tight for the count).
+    """
+    if isinstance(event, dpe.LaplaceDpEvent):
+        scale = float(event.noise_multiplier)
+        return PureDpEvent(math.inf if scale == 0.0 else 1.0 / scale)
+    if isinstance(event, dpe.PoissonSampledDpEvent):
+        inner = read_laplace_as_pure(event.event)
+        return event if inner is event.event else dpe.PoissonSampledDpEvent(event.sampling_probability, inner)
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        inner = read_laplace_as_pure(event.event)
+        return event if inner is event.event else dpe.SelfComposedDpEvent(inner, event.count)
+    if isinstance(event, dpe.ComposedDpEvent):
+        parts = [read_laplace_as_pure(sub) for sub in event.events]
+        same = all(new is old for new, old in zip(parts, event.events))
+        return event if same else dpe.ComposedDpEvent(parts)
+    return event
+
+
 def group_events(events: Sequence[dpe.DpEvent]) -> list[tuple[dpe.DpEvent, int]]:
     """Flatten Composed/SelfComposed events into (atom, count) groups in a canonical order.
 
     Grouping identical atoms lets PLD self-compose (one FFT power instead of T
     convolutions) and RDP multiply a curve, so a long run stays fast. The order is
     canonical (sorted by a textual key) so that the same multiset of events always
-    gives bit-identical numbers, whatever order it was spent in.
+    gives bit-identical numbers, whatever order it was spent in. A ``LaplaceDpEvent`` is read
+    as the pure event of its epsilon (:func:`read_laplace_as_pure`), by every accountant.
     """
     groups: dict[tuple[str, str], list[Any]] = {}
 
@@ -135,6 +164,7 @@ def group_events(events: Sequence[dpe.DpEvent]) -> list[tuple[dpe.DpEvent, int]]
             for sub in event.events:
                 visit(sub, count)
         else:
+            event = read_laplace_as_pure(event)
             # attrs events may hold lists (unhashable): key on type + exact repr (floats
             # repr round-trip, so equal keys mean equal parameters).
             key = (f"{type(event).__module__}.{type(event).__qualname__}", repr(event))

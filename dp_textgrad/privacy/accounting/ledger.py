@@ -23,6 +23,7 @@ from dp_textgrad.privacy.accounting.bounds import (
     accountants_from_configs,
     all_bounds,
     default_accountants,
+    format_epsilon,
 )
 from dp_textgrad.privacy.accounting.events import (
     UnsupportedEventError,
@@ -48,7 +49,7 @@ class BudgetExceeded(RuntimeError):
         self.budget = budget
         self.delta = delta
         super().__init__(
-            f"privacy budget exceeded: {label!r} would raise epsilon to {epsilon:.6g} "
+            f"privacy budget exceeded: {label!r} would raise epsilon to {format_epsilon(epsilon, 6)} "
             f"(at delta={delta:g}), over the budget epsilon={budget:.6g}; the mechanism "
             "was not run and nothing was recorded (give a larger budget, more noise or fewer steps)" + detail
         )
@@ -131,6 +132,7 @@ class PrivacyLedger(CompletedStages):
         self._cache_value: dict[str, float] | None = None
         # Where the ledger persists itself after every charge (None: in memory only).
         self.persist_path: str | None = None
+        self.persist_file_time: float | None = None  # the file's public modification time (persist_to)
         # Called with each new entry before it is recorded (the lifetime store); may refuse it.
         self._charge_hooks: list[Callable[[LedgerEntry], None]] = []
         # The dataset's lifetime cap as this run saw it, and whether the user overrode it (public choices).
@@ -150,13 +152,18 @@ class PrivacyLedger(CompletedStages):
         if self.persist_path is not None:
             self.to_jsonl(self.persist_path)
 
-    def persist_to(self, path: str | os.PathLike[str] | None) -> None:
+    def persist_to(self, path: str | os.PathLike[str] | None, file_time: float | None = None) -> None:
         """Write the ledger to ``path`` now and again after every charge, before data is read.
 
         A crash or kill in the middle of a mechanism then never loses its charge, so a
-        resumed run cannot spend the same budget twice.
+        resumed run cannot spend the same budget twice. ``file_time``: the modification time
+        of the file and its folder at every write (a released file's public time: the time of a
+        charge would time the private phase); None keeps the one given before for this path.
         """
-        self.persist_path = None if path is None else os.fspath(path)
+        path = None if path is None else os.fspath(path)
+        if file_time is not None or path != self.persist_path:
+            self.persist_file_time = file_time
+        self.persist_path = path
         if self.persist_path is not None:
             self.to_jsonl(self.persist_path)
 
@@ -336,9 +343,15 @@ class PrivacyLedger(CompletedStages):
         if self.persist_path is not None:
             self.to_jsonl(self.persist_path)
 
-    def to_jsonl(self, path: str | os.PathLike[str]) -> None:
-        """Write header + one line per entry, atomically (temp file, fsync, os.replace)."""
+    def to_jsonl(self, path: str | os.PathLike[str], file_time: float | None = None) -> None:
+        """Write header + one line per entry, atomically (temp file, fsync, os.replace).
+
+        ``file_time`` (default: :meth:`persist_to`'s, for its path) is set on the temporary file
+        before the rename and on the folder after, so the file never shows the time of a charge.
+        """
         path = os.fspath(path)
+        if file_time is None and path == self.persist_path:
+            file_time = self.persist_file_time
         lines = [json.dumps(self._header(), allow_nan=False)]
         lines += [json.dumps(release.released("ledger_entry", e.to_dict()), allow_nan=False) for e in self._entries]
         directory = os.path.dirname(os.path.abspath(path))
@@ -348,11 +361,15 @@ class PrivacyLedger(CompletedStages):
                 handle.write("\n".join(lines) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
+            if file_time is not None:
+                os.utime(tmp, (file_time, file_time))
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        if file_time is not None:  # the temporary file and the rename changed the folder's time
+            os.utime(directory, (file_time, file_time))
         try:  # make the rename itself durable where the platform allows it
             dir_fd = os.open(directory, os.O_RDONLY)
         except OSError:

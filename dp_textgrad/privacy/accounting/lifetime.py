@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dp_textgrad.privacy.accounting.accountants import Accountant
-from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountants
+from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountants, format_epsilon
 from dp_textgrad.privacy.accounting.filter import FILTER_ORDERS, filter_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.accounting.serialize import event_from_dict
@@ -95,7 +95,7 @@ class LifetimeCapExceeded(BudgetExceeded):
         RuntimeError.__init__(
             self,
             f"lifetime budget: {what} would raise this dataset's lifetime epsilon (Renyi filter bound) to "
-            f"{epsilon:.4g} at its lifetime delta {delta:g}, over its cap {cap:g}; {charged}. Raise "
+            f"{format_epsilon(epsilon)} at its lifetime delta {delta:g}, over its cap {cap:g}; {charged}. Raise "
             "output.lifetime_cap (--lifetime-cap), or pass --override-lifetime-cap to run anyway (the ledger "
             "records the override)",
         )
