@@ -9,6 +9,7 @@ paired intervals against DP-ES and against the control.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,11 +17,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from dp_textgrad.privacy.data import Private
 
-from baselines import dp_es_paper as paper  # noqa: E402
-from dp_textgrad.privacy.data import Private  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_protocol():
+    """The protocol script as a module; running it puts benchmarks/ on its path, as it does when run."""
+    spec = importlib.util.spec_from_file_location("dp_es_protocol", REPO / "benchmarks" / "dp_es_protocol.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+protocol = _load_protocol()
+paper = sys.modules["baselines.dp_es_paper"]
 
 
 def test_the_papers_own_figure_is_reproduced_and_priced_beside_it() -> None:
@@ -78,7 +90,6 @@ def test_the_epsilon_0_control_reads_no_private_record(monkeypatch) -> None:
 
 def test_the_protocol_benchmark_runs_end_to_end(tmp_path, monkeypatch) -> None:
     pytest.importorskip("autodp")
-    import dp_es_protocol as protocol
 
     from tests.helpers import support_engine
 

@@ -87,8 +87,10 @@ def test_budget_resolves_the_labelling_of_a_run_file_from_its_public_pool(tmp_pa
     assert "teachers from the DP count of N (N / 20, between 10 and 100)" in text
     assert "(share 0.3 of epsilon" in text and "N not declared: a DP count of N" in text
     # The built-in pool counts too (options.public_inputs), and a flag overrides the file.
-    run.write_text('[task]\nname = "support"\noptions = { public_inputs = 40 }\n\n[dp.labelling]\n', encoding="utf-8")
-    result = runner.invoke(cli.app, ["budget", "--config", str(run), "--epsilon", "2", "--dataset-size", "3000",
+    # With --config, N is the run file's (as optimize reads it), never a budget flag.
+    run.write_text('[task]\nname = "support"\noptions = { public_inputs = 40 }\n\n[dp]\ndataset_size = 3000\n\n'
+                   '[dp.labelling]\n', encoding="utf-8")
+    result = runner.invoke(cli.app, ["budget", "--config", str(run), "--epsilon", "2",
                                      "--labelling-teachers", "50", *SCHEDULE_FLAGS])
     assert result.exit_code == 0, result.output
     assert "16 public inputs (queries), 50 teachers" in flat(result.output)
