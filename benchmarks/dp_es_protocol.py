@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "accounting_of_the_paper_mechanism": accounting(),
         "tasks": summarise(rows),
         "runs": [run_records.prompt_fingerprint(r) for r in rows],
-        "command": " ".join(["python benchmarks/dp_es_protocol.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": run_records.command_line("benchmarks/dp_es_protocol.py", sys.argv[1:] if argv is None else argv),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -76,3 +76,18 @@ def prompt_fingerprint(row: dict[str, Any]) -> dict[str, Any]:
         kept["released_prompt_sha256"] = hashlib.sha256(row["released_prompt"].encode("utf-8")).hexdigest()[:16]
         kept["released_prompt_chars"] = len(row["released_prompt"])
     return kept
+
+
+def command_line(script: str, argv: list[str]) -> str:
+    """The command that produced a results file, without machine paths: a ``--data-dir`` value
+    (where this machine keeps ../shared/data) is dropped, the data being named by the script."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--data-dir":
+            skip = True
+        elif not arg.startswith("--data-dir="):
+            kept.append(arg)
+    return " ".join([f"python {script}", *kept])

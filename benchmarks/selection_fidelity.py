@@ -15,10 +15,14 @@ same epsilon:
   default min(1, 150 / N) or planned by ``sampling_rate: auto``, z calibrated to 0.71.
 
 Relations: ``add_remove`` (our ledger's: PLD and RDP, the smaller; DP-ES's fixed-size sample
-priced as a Poisson subsample of rate b / N, as the ledger would) and ``replace_one``
-(dp-accounting's PLD of the Poisson-sampled Gaussian under REPLACE_ONE for both, with the
-replace-one sensitivity each mechanism has: a replaced record moves each of our clipped sums,
-and DP-ES's fixed-size mean, by no more than an added one does).
+priced as a Poisson subsample of rate b / N, as the ledger would) and ``replace_one``. Under
+replace-one, DP-ES is priced as what it is, a sample of b without replacement, by dp-accounting's
+RDP (``SampledWithoutReplacementDpEvent``, REPLACE_ONE: a replaced record moves a mean of scores
+in [0, C] by at most C / b). Ours at q = 1 is an unsampled Gaussian whose replace-one sensitivity
+equals its add/remove one (scores in [0, C]: a replaced record moves each sum by at most C), so
+it costs the same under both; at q < 1 dp-accounting has no tight replace-one analysis of a
+Poisson subsample, and ours is priced by its PLD under REPLACE_ONE, which assumes the two
+records lie 2 sensitivities apart: an upper bound, pessimistic for ours.
 
 Reported per task, mechanism and relation over ``--draws`` simulated rounds: the noise std on a
 mean score, P(noisy top-1 = true top-1), the mean Kendall tau between noisy and true means, and
@@ -46,11 +50,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
-from baselines.dp_es_paper import (  # noqa: E402 - beside this file
+import run_records  # noqa: E402 - beside this file
+from baselines.dp_es_paper import (  # noqa: E402
     PaperSettings,
     calibrate_paper_noise,
     generation_parts,
     paper_epsilon_autodp,
+    paper_epsilon_dp_accounting,
 )
 
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "selection_fidelity.json"
@@ -90,14 +96,18 @@ def clean_scores(task: Any, engine: Any, seed: int = 0) -> tuple[list[str], np.n
 
 # -- the mechanisms, calibrated to the same epsilon ------------------------------------------------
 def replace_one_epsilon(multiplier: float, q: float, count: int) -> float:
-    """Epsilon under replace-one neighbours of ``count`` Poisson-sampled (rate q) Gaussian releases of
-    noise ``multiplier`` times their replace-one sensitivity (dp-accounting's PLD, built directly
-    with sensitivity 1: its accountant would double a GaussianDpEvent's sensitivity under
-    REPLACE_ONE, right for a mechanism whose replacement moves twice as far as an addition, wrong
-    for these, where replacing a record moves each clipped sum, or a fixed-size mean, no more)."""
+    """An upper bound on epsilon under replace-one neighbours for ``count`` of our releases: a
+    Gaussian of ``multiplier`` on a Poisson subsample of rate q. At q = 1 the mechanism has the same
+    sensitivity under both relations (module docstring): our ledger's pricing. Below 1,
+    dp-accounting's PLD under REPLACE_ONE (its model: the two records 2 sensitivities apart)."""
     import dp_accounting
     from dp_accounting.pld import privacy_loss_distribution as pld
 
+    from dp_textgrad.privacy.accounting.bounds import smallest_bound
+
+    if q >= 1.0:
+        event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(multiplier), count)
+        return float(smallest_bound([event], DELTA))
     one = pld.from_gaussian_mechanism(
         multiplier,
         sensitivity=1.0,
@@ -122,8 +132,8 @@ def dpes_sigma(relation: str) -> float:
     if relation == "add_remove":
         return calibrate_paper_noise(EPSILON, DELTA, paper, N, "add_remove").noise_multiplier
 
-    def price(sigma: float) -> float:
-        return replace_one_epsilon(sigma, paper.batch / N, paper.releases)
+    def price(sigma: float) -> float:  # its sample without replacement, dp-accounting's RDP, replace-one
+        return paper_epsilon_dp_accounting(PaperSettings(noise_multiplier=sigma), N, DELTA)
 
     return _bisect(price)
 
@@ -150,9 +160,8 @@ def ours(relation: str, auto: bool) -> tuple[float, float]:
     q = config.resolved_sampling_rate
 
     def price(z: float) -> float:  # the plan's Gaussian (no feedback in this protocol), T times
-        return replace_one_epsilon(
-            RunPlan.with_value(config, z).generation_mechanisms(0).scores.effective_noise_multiplier, q, config.generations
-        )
+        scores = RunPlan.with_value(config, z).generation_mechanisms(0).scores
+        return replace_one_epsilon(scores.effective_noise_multiplier, q, config.generations)
 
     return q, _bisect(price)
 
@@ -295,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "tasks": results,
         "clean_scoring_seconds": timings,
-        "command": " ".join(["python benchmarks/selection_fidelity.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": run_records.command_line("benchmarks/selection_fidelity.py", sys.argv[1:] if argv is None else argv),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

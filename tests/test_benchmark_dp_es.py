@@ -22,16 +22,17 @@ from dp_textgrad.privacy.data import Private
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load_protocol():
-    """The protocol script as a module; running it puts benchmarks/ on its path, as it does when run."""
-    spec = importlib.util.spec_from_file_location("dp_es_protocol", REPO / "benchmarks" / "dp_es_protocol.py")
+def _load_script(name: str):
+    """A benchmark script as a module; running it puts benchmarks/ on its path, as it does when run."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-protocol = _load_protocol()
+protocol = _load_script("dp_es_protocol")
+fidelity = _load_script("selection_fidelity")
 paper = sys.modules["baselines.dp_es_paper"]
 
 
@@ -107,3 +108,36 @@ def test_the_protocol_benchmark_runs_end_to_end(tmp_path, monkeypatch) -> None:
         assert "vs_dpes_published" in summary[method] and len(summary[method]["vs_dpes_published_ci"]) == 2
     assert all(np.isfinite(v["score"]) for v in summary.values())
     json.dumps(summary)  # the results file can hold it
+
+
+def test_selection_fidelity_prices_replace_one_soundly_and_simulates_both_scorers() -> None:
+    # Unsampled (q = 1), our Gaussian has the same sensitivity under both relations: same price.
+    import dp_accounting
+
+    from dp_textgrad.privacy.accounting.bounds import smallest_bound
+
+    same = fidelity.replace_one_epsilon(8.0, 1.0, 3)
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(8.0), 3)
+    assert same == pytest.approx(smallest_bound([event], 1e-5))
+    # Subsampled, dp-accounting's REPLACE_ONE model (two sensitivities apart) costs more than
+    # add/remove at the same q: an upper bound, never below it.
+    sampled = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(4.0)), 3
+    )
+    assert fidelity.replace_one_epsilon(4.0, 0.5, 3) > smallest_bound([sampled], 1e-5)
+    # DP-ES's sigma under replace-one is calibrated by its own mechanism's analysis to the target.
+    sigma = fidelity.dpes_sigma("replace_one")
+    assert paper.paper_epsilon_dp_accounting(paper.PaperSettings(noise_multiplier=sigma), 200, 1e-5) <= 0.71 + 1e-9
+    assert paper.paper_epsilon_dp_accounting(paper.PaperSettings(noise_multiplier=0.99 * sigma), 200, 1e-5) > 0.71
+    # The simulation: without noise, every record scored (ours at q = 1) always ranks the best
+    # first; DP-ES's 10 records per candidate do not, and noise lowers the rank agreement.
+    rng = np.random.default_rng(0)
+    scores = (rng.random((6, 200)) < np.array([0.3, 0.8, 0.5, 0.75, 0.2, 0.4])[:, None]).astype(float)
+    exact = fidelity.simulate(scores, "ours", 1e-9, 1.0, 200, np.random.default_rng(1))
+    assert exact["p_top1"] == 1.0 and exact["expected_regret"] == 0.0 and exact["kendall_tau"] == pytest.approx(1.0)
+    sampled_only = fidelity.simulate(scores, "dpes", 1e-9, 0.05, 400, np.random.default_rng(2))
+    assert 0.2 < sampled_only["p_top1"] < 0.95 and sampled_only["total_error_std"] > 0.05
+    noisy = fidelity.simulate(scores, "ours", 8.0, 1.0, 400, np.random.default_rng(3))
+    assert noisy["kendall_tau"] < exact["kendall_tau"] and noisy["noise_std_on_mean"] == pytest.approx(
+        8.0 * np.sqrt(6) / 200
+    )
