@@ -194,6 +194,16 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in sorted({r["task"] for r in rows}):
         mine = [r for r in rows if r["task"] == name]
+        # Only seeds every method ran are compared: an unfinished seed (a time limit) would weight
+        # the methods' means over different seeds.
+        methods = {r["method"] for r in mine if r["method"] != "seed"}
+        complete = sorted(
+            s
+            for s in {r["seed"] for r in mine if r["method"] != "seed"}
+            if {r["method"] for r in mine if r["seed"] == s} >= methods
+        )
+        left_out = [r for r in mine if r["method"] != "seed" and r["seed"] not in complete]
+        mine = [r for r in mine if r["method"] == "seed" or r["seed"] in complete]
         seed_bits = next((r["test_correct"] for r in mine if r["method"] == "seed"), None)
         outcomes = {}
         for method in ("seed", *METHODS):
@@ -223,7 +233,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 if values:
                     entry[field] = float(np.mean(values))
             entry["engine_calls_mean"] = float(np.mean([r["engine_calls"] for r in runs]))
-        out[name] = {"n_test": len(seed_bits) if seed_bits else None, "methods": table}
+        out[name] = {
+            "n_test": len(seed_bits) if seed_bits else None,
+            "seeds": complete,
+            "runs_left_out": [row_key(r) for r in left_out],
+            "methods": table,
+        }
     return out
 
 
