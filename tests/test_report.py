@@ -186,13 +186,14 @@ def test_released_estimates_stay_in_the_metrics_range_and_say_what_they_cover(tm
     from dp_textgrad.tasks.base import ClassificationTask, Example
     from tests.twin import LABELS, LengthTimedEngine, base_rows
 
+    # A long schedule (40 subsamples) so that a subsample larger than q N, the case to clip, arises.
     # Every record is read right (the engine follows each record's cue): a candidate's exact sum is
     # |B|, and its estimate |B| / (q N) is above 1 whenever the subsample comes out larger than q N.
     task = ClassificationTask(name="cues", description="bill, tech or fraud", labels=list(LABELS),
                               private_train=PrivateDataset([Example(t, y) for t, y in base_rows(200)]), test=[],
                               seed_prompt="Label the message.")
     engine = LengthTimedEngine()
-    outcome = dp_textgrad.optimize(task, engine, runs_root=tmp_path, privacy="off", generations=3, population=3,
+    outcome = dp_textgrad.optimize(task, engine, runs_root=tmp_path, privacy="off", generations=10, population=4,
                                    parents=1, sampling_rate=0.1, evaluate=False, seed=2)
     raw = [s.estimate for c in outcome.optimizer.population.archive for s in c.evaluations]
     released = [h.best_estimate for h in outcome.result.history] + [outcome.result.estimate]
