@@ -324,6 +324,27 @@ class RunState:
         )
 
 
+#: The environment variable naming the folder where the integrations (DSPy, GEPA) keep their runs
+#: when given no ``run_dir`` or ``runs_root`` (:func:`default_runs_root`).
+HOME_ENV = "DP_TEXTGRAD_HOME"
+
+
+def default_runs_root() -> Path:
+    """The runs root of a library call given none: ``$DP_TEXTGRAD_HOME/runs``, else ``runs`` under
+    the user's data folder (``~/.local/share/dp-textgrad`` on Linux, platformdirs' rule elsewhere).
+
+    Not the working directory: a DSPy compile or a GEPA call should leave it as it was. Not a
+    temporary folder either: the runs root holds the lifetime store (``operator/``), the record of
+    what each private dataset has spent over all its runs, and a folder that vanishes would start
+    every dataset's lifetime budget again at zero."""
+    home = os.environ.get(HOME_ENV, "").strip()
+    if home:
+        return Path(home).expanduser() / "runs"
+    import platformdirs  # a dependency; imported here so that importing this module stays light
+
+    return platformdirs.user_data_path("dp-textgrad") / "runs"
+
+
 def new_run_dir(root: str | Path = "runs", prefix: str = "run") -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = Path(root) / f"{prefix}-{stamp}-{secrets.token_hex(2)}"

@@ -18,6 +18,15 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("DP_TEXTGRAD_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _runs_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integrations' default runs root (runs.default_runs_root) in a temporary folder: no test
+    writes the user's data folder. A test that checks the default itself sets HOME_ENV again."""
+    from dp_textgrad.runs import HOME_ENV
+
+    monkeypatch.setenv(HOME_ENV, str(tmp_path_factory.mktemp("dp-textgrad-home")))
+
+
 @pytest.fixture(scope="session")
 def scripted_engine() -> ScriptedEngine:
     """A deterministic scripted engine: answers depend only on the prompt."""

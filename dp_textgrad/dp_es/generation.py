@@ -15,7 +15,7 @@ public phase's costs are released.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from dp_textgrad.dp_es.mutation import (
     render_confusion,
     render_failures,
 )
+from dp_textgrad.dp_es.mutation.components import ComponentMutationEngine, component_engines, part_renderer
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.replay import ReplayJournal
@@ -71,7 +72,7 @@ class GenerationStep:
     engine: Any
     scorer: DPScorer
     population: PopulationManager
-    mutation: MutationEngine
+    mutation: MutationEngine | ComponentMutationEngine
     warmup: WarmupResult | None = None  # the public warm-up's outcome, when one ran or was skipped
 
     @classmethod
@@ -85,7 +86,7 @@ class GenerationStep:
         public_rng: np.random.Generator,
         *,
         dataset_size: int,
-        mutation: MutationEngine | None = None,
+        mutation: MutationEngine | ComponentMutationEngine | None = None,
         unsafe_examples: Sequence[Any] = (),
         scoring: ScoringFactory | None = None,
         run_dir: runs.RunDir | None = None,
@@ -117,20 +118,41 @@ class GenerationStep:
                 if config.use_critiques and llm_operators
                 else None
             )
-            mutation = MutationEngine(
-                engine,
-                description,
-                task.labels,
-                task.public_examples,
-                public_rng,
-                mode=config.mode,
-                render_demo=task.render_demo,
-                max_prompt_chars=config.max_prompt_chars,
-                unsafe_examples=unsafe_examples,
-                weights=None if llm_operators else NO_LLM_WEIGHTS,
-                sanitiser=sanitiser,
-                critique=critique,
-            )
+
+            def engine_for(
+                description: PublicText,
+                examples: Sequence[Any],
+                render: Callable[[Any], str],
+                critique: CritiquePipeline | None,
+            ) -> MutationEngine:
+                return MutationEngine(
+                    engine,
+                    description,
+                    task.labels,
+                    examples,
+                    public_rng,
+                    mode=config.mode,
+                    render_demo=render,
+                    max_prompt_chars=config.max_prompt_chars,
+                    unsafe_examples=unsafe_examples,
+                    weights=None if llm_operators else NO_LLM_WEIGHTS,
+                    sanitiser=sanitiser,
+                    critique=critique,
+                )
+
+            components = tuple(getattr(task, "components", ()) or ())
+            if components:  # a multi-part prompt: one engine per part, one part edited per child
+                mutation = component_engines(
+                    components,
+                    lambda part: engine_for(
+                        PublicText(part.description, "user"),
+                        part.public_examples,
+                        part_renderer(part, task.render_demo),
+                        None,
+                    ),
+                )
+            else:
+                mutation = engine_for(description, task.public_examples, task.render_demo, critique)
         population = PopulationManager(
             config.population, config.elites, public_rng, shrink=None if config.shrinkage else no_shrinkage
         )

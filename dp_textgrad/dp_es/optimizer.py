@@ -27,6 +27,7 @@ from dp_textgrad.dp_es.estimates import ReleasedScores
 from dp_textgrad.dp_es.generation import GenerationStep, no_shrinkage
 from dp_textgrad.dp_es.labelling import DPLabelled
 from dp_textgrad.dp_es.mutation import CritiquePipeline, MutationEngine
+from dp_textgrad.dp_es.mutation.components import ComponentMutationEngine
 from dp_textgrad.dp_es.plan import RunPlan, decide_llm_operators
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.preflight import PreflightError, length_tools, preflight
@@ -203,7 +204,7 @@ class EvolutionController(Optimizer):
         return self.parts.scorer
 
     @property
-    def mutation(self) -> MutationEngine:
+    def mutation(self) -> MutationEngine | ComponentMutationEngine:
         return self.parts.mutation
 
     @property

@@ -29,6 +29,7 @@ import numpy as np
 
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
 from dp_textgrad.tasks.base import ERROR_CATEGORY, ERROR_DESCRIPTION, Example, FeedbackSpec
+from dp_textgrad.tasks.components import PromptComponent, join_components, split_components
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
@@ -98,6 +99,8 @@ class ScoredTask:
     charged (e.g. one call on a public example), raising on a pipeline that cannot run;
     ``deterministic``: the score is a fixed function of prompt and record (greedy decoding, no
     sampling), so an interrupted charge can be replayed on a resume instead of charged again.
+    ``components``: the parts of a multi-part prompt (:mod:`dp_textgrad.tasks.components`); the
+    prompts ``score_record`` gets, ``seed_prompt`` included, are then their joined text.
     """
 
     name: str
@@ -115,6 +118,7 @@ class ScoredTask:
     threads: int = 1
     probe: Callable[[str], None] | None = None
     deterministic: bool = False
+    components: tuple[PromptComponent, ...] = ()
 
     kind = "generate"
 
@@ -132,6 +136,14 @@ class ScoredTask:
         for position, example in enumerate(self.public_examples):
             if not isinstance(example, ScoredExample):
                 raise TypeError(f"public_examples[{position}]: expected a ScoredExample")
+        self.components = tuple(self.components)
+        if self.components:
+            names = [part.name for part in self.components]
+            if len(set(names)) != len(names):
+                raise ValueError(f"components: names must differ, got {', '.join(names)}")
+            if not self.seed_prompt:
+                self.seed_prompt = join_components({part.name: part.seed for part in self.components}, names)
+            split_components(self.seed_prompt, names)  # raises unless the seed holds every part
 
     # -- the protocol's public descriptions ---------------------------------------------
     @property

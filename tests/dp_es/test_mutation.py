@@ -532,10 +532,11 @@ def test_a_failed_llm_operator_says_why_and_the_engine_makes_the_rule_edit():
 
 def test_no_mutation_module_imports_the_mutation_engine_but_the_package():
     """The operators, the context and the helpers sit below the MutationEngine: none of them
-    imports it (at the top, inside a function or for type checking), so there is no circle."""
+    imports it (at the top, inside a function or for type checking), so there is no circle. The
+    ComponentMutationEngine (components.py) sits above it: it holds one MutationEngine per part."""
     package = pathlib.Path(mutation_package.__file__).parent
     for path in sorted(package.glob("*.py")):
-        if path.name in ("__init__.py", "mutation_engine.py"):
+        if path.name in ("__init__.py", "mutation_engine.py", "components.py"):
             continue
         imported = set()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

@@ -21,7 +21,9 @@ dspy = pytest.importorskip("dspy", reason="needs the [dspy] extra: pip install -
 from dspy.lm15 import Message, Response, TextPart, Usage  # noqa: E402
 
 from dp_textgrad.dp_es.config import ConfigError  # noqa: E402
+from dp_textgrad.dp_es.mutation.text_edits import norm_block, parse_layout  # noqa: E402
 from dp_textgrad.dp_es.preflight import PreflightError  # noqa: E402
+from dp_textgrad.integrations.dspy.program_task import render_demo  # noqa: E402
 from dp_textgrad.engines.scripted import ScriptedEngine  # noqa: E402
 from dp_textgrad.integrations.dspy import (  # noqa: E402
     AUTO_PRESETS,
@@ -221,14 +223,19 @@ def test_a_compile_charges_exactly_its_plan_and_releases_the_prompt(tmp_path) ->
     assert group_events(ledger.events) == group_events([outcome.optimizer.plan.event])
     search = [c for c in charges(outcome.run_dir) if c["label"].startswith(("generation ", "final "))]
     assert search and [c["event"] for c in search] == planned_atoms(outcome.run_dir)
-    assert compiled is not student and compiled.classify.signature.instructions == outcome.result.prompt
-    assert compiled.classify.demos == [] and compiled._compiled
+    # the released prompt's instruction is the predictor's; its demonstration blocks are its demos,
+    # the public examples themselves (DSPy's tools find them where they look)
+    pool = [norm_block(render_demo(student.classify.signature, e)) for e in PUBLIC]
+    layout = parse_layout(outcome.result.prompt, pool)
+    assert compiled is not student and compiled.classify.signature.instructions == layout.instruction
+    assert all(any(demo is e for e in PUBLIC) for demo in compiled.classify.demos)
+    assert len(compiled.classify.demos) == len(layout.demos) and compiled._compiled
     guarantee = compiled.dp_guarantee
     assert isinstance(guarantee, DPGuarantee)
     assert guarantee.epsilon == pytest.approx(outcome.result.epsilon) and guarantee.epsilon <= 2.0 + 1e-9
     assert guarantee.delta == outcome.result.delta
     assert guarantee.epsilons[guarantee.accountant] == min(guarantee.epsilons.values())
-    assert guarantee.optimized == "classify" and guarantee.run_dir == str(outcome.run_dir)
+    assert guarantee.optimized == "classify" and guarantee.run_id == outcome.run_dir.name
     assert guarantee.differentially_private is False  # seeded noise: a plan, not a guarantee
     with dspy.context(lm=mood_lm()):  # the compiled program runs
         assert compiled(text="a good book").label in ("positive", "negative")
@@ -241,8 +248,8 @@ def test_only_public_examples_become_demonstrations(tmp_path) -> None:
     dpes = optimizer(tmp_path, generations=3, population=4)
     compiled = dpes.compile(dspy.Predict("text -> label"), trainset=private)
     released = compiled.signature.instructions
-    assert "zqpriv" not in released
-    assert compiled.demos == []
+    assert "zqpriv" not in released and dpes.outcome is not None and "zqpriv" not in dpes.outcome.result.prompt
+    assert all(any(demo is e for e in PUBLIC) for demo in compiled.demos)
 
 
 def test_the_instruction_and_the_guarantee_survive_save_and_load_into_a_fresh_program(tmp_path) -> None:
@@ -256,6 +263,7 @@ def test_the_instruction_and_the_guarantee_survive_save_and_load_into_a_fresh_pr
     assert DPGuarantee.of(fresh) is None
     fresh.load(str(path))
     assert fresh.classify.signature.instructions == compiled.classify.signature.instructions
+    assert [dict(d) for d in fresh.classify.demos] == [dict(d) for d in compiled.classify.demos]
     assert DPGuarantee.of(fresh) == compiled.dp_guarantee
     assert DPGuarantee.of(compiled) == compiled.dp_guarantee
     # the compiled program is still a program of the user's class, its predictor still a Predict
@@ -273,7 +281,8 @@ def test_the_named_predictor_of_several_is_optimized_and_the_others_kept(tmp_pat
     student = TwoSteps()
     dpes = optimizer(tmp_path, predictor="classify.predict")
     compiled = dpes.compile(student, trainset=records())
-    assert compiled.classify.predict.signature.instructions == dpes.outcome.result.prompt
+    released = parse_layout(dpes.outcome.result.prompt, []).instruction
+    assert compiled.classify.predict.signature.instructions in released
     assert compiled.summarize.signature.instructions == student.summarize.signature.instructions
     assert compiled.dp_guarantee.optimized == "classify.predict"
 
@@ -334,7 +343,6 @@ def held_demos() -> Any:
     ("student", "trainset", "settings", "message"),
     [
         (held_demos, records, {}, "student: predictor.s. classify already hold demos.*reset_copy"),
-        (TwoSteps, records, {}, r"predictor: the program has 2 predictors \(summarize, classify.predict\)"),
         (TwoSteps, records, {"predictor": "nope"}, "predictor: no predictor named 'nope'"),
         (Classifier, list, {}, "trainset: empty"),
         (Classifier, lambda: [*records(3), {"text": SECRET}], {}, "trainset: rows 3 are not dspy.Example"),
@@ -362,7 +370,6 @@ def held_demos() -> Any:
     ],
     ids=[
         "demos",
-        "several-predictors",
         "unknown-predictor",
         "empty",
         "not-examples",
@@ -392,7 +399,7 @@ def test_a_retriever_in_the_program_is_refused(tmp_path) -> None:
             self.retrieve = dspy.Retrieve(k=2)
             self.answer = dspy.Predict("text -> label")
 
-    with pytest.raises(ConfigError, match="student: retrieve is a dspy.Retrieve.*disk cache"):
+    with pytest.raises(ConfigError, match=r"student: retrieve \(a dspy.Retrieve\) is refused.*dspy.settings.rm"):
         optimizer(tmp_path).compile(WithRetriever(), trainset=records())
     assert no_run_started(tmp_path)
 
@@ -459,8 +466,12 @@ def test_the_completion_adapter_lays_out_a_prompt_a_base_model_continues() -> No
     adapter = CompletionAdapter()
     signature = dspy.Signature("text -> label", "Label the mood.")
     demos = [dspy.Example(text="a good film", label="positive")]
-    (message,) = adapter.format(signature, demos, {"text": "a bad day"})
-    assert message["content"] == "Label the mood.\n\ntext: a good film\n\nBEGIN RESPONSE: positive\n\ntext: a bad day"
+    head, call = adapter.format(signature, demos, {"text": "a bad day"})
+    # two messages (the candidate's part, then the call's inputs), one text once joined as text mode joins
+    assert "\n\n".join([head["content"], call["content"]]) == (
+        "Label the mood.\n\ntext: a good film\n\nBEGIN RESPONSE: positive\n\ntext: a bad day"
+    )
+    assert call["content"] == "text: a bad day"
     assert adapter.parse(signature, " positive") == {"label": "positive"}
     assert adapter.parse(signature, "\n\nnegative\ntext: more") == {"label": "negative"}
     assert adapter.parse(signature, "label: positive") == {"label": "positive"}
@@ -527,7 +538,7 @@ def test_dpes_with_a_dp_textgrad_engine_runs_the_program_through_engine_lm(tmp_p
         **RUN,
     )
     compiled = dpes.compile(Classifier(), trainset=records())
-    assert dpes.outcome.result.prompt == compiled.classify.signature.instructions
+    assert parse_layout(dpes.outcome.result.prompt, []).compose().startswith(compiled.classify.signature.instructions)
     assert engine.history and all(call.prompt.endswith("BEGIN RESPONSE:") for call in engine.history)
     assert engine.instruction_following is True  # the user's engine is left as it is
     assert dpes.config.llm_operators is False
@@ -611,8 +622,8 @@ def test_threads_score_records_apart_with_the_same_result(tmp_path) -> None:
     prompts = []
     for threads in (1, 4):
         dpes = optimizer(tmp_path / str(threads), num_threads=threads)
-        prompts.append(dpes.compile(Classifier(), trainset=records()).classify.signature.instructions)
-        assert dpes.outcome.result.prompt == prompts[-1]
+        dpes.compile(Classifier(), trainset=records())
+        prompts.append(dpes.outcome.result.prompt)
     assert prompts[0] == prompts[1]  # seeded noise and sampling: threads change nothing
 
 

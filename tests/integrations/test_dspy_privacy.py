@@ -592,8 +592,53 @@ class DSPyTwin:
     slow_calls: int
 
 
+class TwoPredictors(dspy.Module):
+    """A draft label, then a final one from the sentence and the draft: both predictors optimized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draft = dspy.Predict("sentence -> label")
+        self.final = dspy.Predict("sentence -> label")
+
+    def forward(self, sentence: str) -> Any:
+        draft = self.draft(sentence=sentence)
+        return self.final(sentence=f"{sentence} {draft.label}")
+
+
+class HelpCentreRAG(dspy.Module):
+    """Retrieval over the shipped public help-centre corpus (an in-memory embedder), then a label:
+    each private sentence is a retrieval query."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests.integrations.test_dspy_retrieval import help_centre_retriever
+
+        self.retrieve = help_centre_retriever()
+        self.classify = dspy.Predict("sentence -> label")
+
+    def forward(self, sentence: str) -> Any:
+        passages = self.retrieve(sentence).passages
+        assert passages  # the search ran
+        return self.classify(sentence=sentence)
+
+
+#: The programs the twin runs: the classifier of the side-channel tests, and the shapes issue 49
+#: adds (every predictor of a program at once; retrieval declared public).
+TWIN_PROGRAMS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "classifier": (classifier, {}),
+    "two predictors": (TwoPredictors, {}),
+    "retrieval": (HelpCentreRAG, {"public_retrievers": ["retrieve"]}),
+}
+
+
 def run_dspy_twin(
-    root: Path, trainset: Sequence[Any], schedule: str, *, coupled_extra_records: int = 0, leak: Any = None
+    root: Path,
+    trainset: Sequence[Any],
+    schedule: str,
+    *,
+    coupled_extra_records: int = 0,
+    leak: Any = None,
+    program: str = "classifier",
 ) -> DSPyTwin:
     """``DPES.compile`` of the classifier on ``trainset`` into ``root/runs``. Released channels: every
     file of the runs root outside ``operator/`` (tests.twin.collect), stdout, stderr, the exit code,
@@ -605,6 +650,8 @@ def run_dspy_twin(
     from dp_textgrad.integrations.dspy import DPES
 
     settings = dict(TWIN_SCHEDULES[schedule])
+    make_program, program_settings = TWIN_PROGRAMS[program]
+    settings.update(program_settings)
     engine = KeywordEngine()
     lm = dspy.LM("keyword/fake", engine=engine, cache=False)
     recorder = EventRecorder()
@@ -633,7 +680,7 @@ def run_dspy_twin(
                 observers=[recorder],
                 **settings,
             )
-            compiled = optimizer.compile(classifier(), trainset=list(trainset))
+            compiled = optimizer.compile(make_program(), trainset=list(trainset))
             saved = saved_json(compiled, root / "program.json").encode()
             guarantee = repr(compiled.dp_guarantee).encode()
             exit_code = 0
@@ -660,10 +707,14 @@ def run_dspy_twin(
     return DSPyTwin(capture, engine.slow_calls)
 
 
-def dspy_twin_pair(root: Path, schedule: str, leak: Any = None) -> tuple[DSPyTwin, DSPyTwin]:
+def dspy_twin_pair(
+    root: Path, schedule: str, leak: Any = None, program: str = "classifier"
+) -> tuple[DSPyTwin, DSPyTwin]:
     records = private_records(24)
-    d = run_dspy_twin(root / "d", records, schedule, leak=leak)
-    dx = run_dspy_twin(root / "dx", records + [twin_long_record()], schedule, coupled_extra_records=1, leak=leak)
+    d = run_dspy_twin(root / "d", records, schedule, leak=leak, program=program)
+    dx = run_dspy_twin(
+        root / "dx", records + [twin_long_record()], schedule, coupled_extra_records=1, leak=leak, program=program
+    )
     return d, dx
 
 
@@ -691,6 +742,18 @@ def test_every_released_channel_of_the_dspy_twin_is_identical(dspy_twins) -> Non
         name: json_differences(d.capture, dx.capture, name) for name in diff if name.endswith((".json", ".jsonl"))
     }
     assert not diff, f"released channels differ between D and D+x: {diff}; fields: {json.dumps(details)}"
+
+
+@pytest.mark.parametrize("program", ["two predictors", "retrieval"])
+def test_the_twin_of_a_multi_predictor_and_a_retrieval_program_differs_in_no_released_channel(
+    program, tmp_path
+) -> None:
+    d, dx = dspy_twin_pair(tmp_path, "LLM rewrites, failure histogram", program=program)
+    for run in (d, dx):
+        assert run.capture.exit_code == 0, run.capture.stderr
+    assert d.slow_calls == 0 and dx.slow_calls > 0  # power: the long record ran through the program
+    diff = differences(d.capture, dx.capture)
+    assert not diff, f"released channels differ between D and D+x: {diff}"
 
 
 def _count_private_records(patch: pytest.MonkeyPatch) -> list[int]:
@@ -750,10 +813,15 @@ def test_the_dspy_twin_check_fails_on_a_planted_leak(leak, tmp_path) -> None:
     assert channels <= diff, f"the planted leak ({leak}) went unseen: {sorted(diff)}"
 
 
-def test_dpes_never_releases_the_canary(tmp_path) -> None:
+@pytest.mark.parametrize("program", sorted(TWIN_PROGRAMS))
+def test_dpes_never_releases_the_canary(program, tmp_path) -> None:
     from dspy.clients.base_lm import GLOBAL_HISTORY
 
     from dp_textgrad.integrations.dspy import DPES
+    from dp_textgrad.integrations.dspy.retrieval import cached_private_queries
+
+    make_program, program_settings = TWIN_PROGRAMS[program]
+    student = make_program()
 
     recorder = EventRecorder()
     out, err = io.StringIO(), io.StringIO()
@@ -771,11 +839,19 @@ def test_dpes_never_releases_the_canary(tmp_path) -> None:
             instruction_following=True,
             runs_root=tmp_path / "runs",
             observers=[recorder],
+            **program_settings,
         )
-        compiled = optimizer.compile(classifier(), trainset=canary_trainset())
+        compiled = optimizer.compile(student, trainset=canary_trainset())
     saved = saved_json(compiled, tmp_path / "program.json")
     assert engine.private_calls > 0  # the canary's trainset was run through the program
-    assert json.loads(saved)["dp_guarantee"]["differentially_private"] is True
+    state = json.loads(saved)  # a Predict's own state, or a program's by predictor name
+    states = [state] if "dp_guarantee" in state else [v for v in state.values() if isinstance(v, dict)]
+    guarantees = [value["dp_guarantee"] for value in states if "dp_guarantee" in value]
+    assert guarantees and all(g["differentially_private"] is True for g in guarantees)
+    # No cache of a retriever or embedder (DSPy's, memory and disk; litellm's; a search queue) holds
+    # a private query, in the user's program or the compiled one.
+    queries = [record.sentence for record in canary_trainset()]
+    assert cached_private_queries(student, queries) == [] and cached_private_queries(compiled, queries) == []
     # The saved program, every file of the run directory and the runs root (operator/ included).
     assert not files_holding(tmp_path, CANARY_NEEDLES)
     assert (tmp_path / "runs").is_dir() and (tmp_path / "program.json").is_file()
@@ -783,7 +859,7 @@ def test_dpes_never_releases_the_canary(tmp_path) -> None:
         "console": out.getvalue() + err.getvalue(),
         "logs": "\n".join(logs.lines),
         "observers": "\n".join(recorder.lines),
-        "program": repr(compiled) + repr(compiled.dp_guarantee) + repr(compiled.demos),
+        "program": repr(compiled) + repr(compiled.dp_guarantee) + repr(compiled.named_predictors()),
         "outcome": repr(optimizer.outcome.result),
         "dspy history": repr(
             [entry.get("prompt") or entry.get("messages") for entry in GLOBAL_HISTORY[history_start:]]
@@ -791,7 +867,9 @@ def test_dpes_never_releases_the_canary(tmp_path) -> None:
     }
     leaked = {name: hits for name, text in released.items() if (hits := found_in(text, CANARY_NEEDLES))}
     assert not leaked, f"the canary left DPES: {leaked}"
-    assert recorder.lines and compiled.demos == []
+    assert recorder.lines
+    demos = [demo for _, predictor in compiled.named_predictors() for demo in predictor.demos]
+    assert all(any(dict(demo) == dict(public) for public in public_records()) for demo in demos)
 
 
 def test_the_canary_check_finds_the_canary_when_it_is_given_as_public_data(tmp_path) -> None:

@@ -222,7 +222,7 @@ class WaitsInside(dspy.Module):
 
 
 def test_a_private_call_has_no_cache_while_a_public_thread_keeps_its_own(tmp_path, monkeypatch) -> None:
-    from dp_textgrad.integrations.dspy.program_task import SealedProgram, SilencedPrivateCalls
+    from dp_textgrad.integrations.dspy.program_task import PromptParts, SealedProgram, SilencedPrivateCalls
 
     module_type = type(dspy)
     inside, go_on = threading.Event(), threading.Event()
@@ -231,7 +231,7 @@ def test_a_private_call_has_no_cache_while_a_public_thread_keeps_its_own(tmp_pat
     errors: list[BaseException] = []
     with dspy_cache_in(tmp_path, monkeypatch) as cache:
         with SilencedPrivateCalls() as silencer:
-            sealed = SealedProgram(WaitsInside(inside, go_on), "predict", lm, None, silencer)
+            sealed = SealedProgram(WaitsInside(inside, go_on), PromptParts(["predict"], {}), lm, None, silencer)
 
             def private() -> None:
                 try:
@@ -271,13 +271,13 @@ class HeldEverywhere(HeldLM):
 
 @pytest.mark.parametrize("program_class", [HeldLM, HeldEverywhere])
 def test_every_lm_a_program_holds_runs_as_a_sealed_copy_and_the_users_stays_as_it_is(program_class) -> None:
-    from dp_textgrad.integrations.dspy.program_task import SealedProgram, SilencedPrivateCalls
+    from dp_textgrad.integrations.dspy.program_task import PromptParts, SealedProgram, SilencedPrivateCalls
 
     engine = KeywordEngine()
     held = keyword_lm(engine, cache=True, callbacks=[SpyCallback()])
     program = program_class(held)
     # No compile around it: the private call holds the seal itself.
-    sealed = SealedProgram(program, "predict", keyword_lm(KeywordEngine()), None, SilencedPrivateCalls())
+    sealed = SealedProgram(program, PromptParts(["predict"], {}), keyword_lm(KeywordEngine()), None, SilencedPrivateCalls())
     lms = [lm for _, lm in sealed.template.named_sub_modules(type_=dspy.BaseLM)]
     assert lms and all(lm is not held and lm.cache is False and lm.callbacks == [] for lm in lms)
     for _ in range(2):

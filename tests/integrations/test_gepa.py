@@ -123,7 +123,7 @@ def test_a_custom_adapter_scores_one_record_per_call_without_traces(tmp_path) ->
     guarantee = result.dp_guarantee
     assert 0 < guarantee.epsilon <= SCHEDULE["epsilon"] + 1e-9
     assert guarantee.epsilon == guarantee.epsilons[guarantee.accountant] == min(guarantee.epsilons.values())
-    assert guarantee.run_dir == str(result.outcome.run_dir) and (Path(guarantee.run_dir) / "ledger.jsonl").is_file()
+    assert guarantee.run_id == result.outcome.run_dir.name and (result.outcome.run_dir / "ledger.jsonl").is_file()
     assert "INSECURE" in str(guarantee.noise) and guarantee.differentially_private is False  # seeded noise
     assert guarantee.optimized == "instructions" and guarantee.estimate == result.outcome.result.estimate
     # q N K per generation, 2 generations: planned from the declared N, not a count of calls
@@ -233,8 +233,9 @@ def _raises(tmp_path: Path, pattern: str, **overrides: Any) -> None:
 
 
 def test_bad_calls_are_refused_naming_the_field_and_the_fix(tmp_path) -> None:
-    _raises(tmp_path, r"component: the seed candidate has 2 components \(instructions, format\)", component=None)
-    _raises(tmp_path, r"component: 'prompt' is not in seed_candidate", component="prompt")
+    _raises(tmp_path, r"component: 'prompt' not in seed_candidate", component="prompt")
+    _raises(tmp_path, r"component: 'prompt' not in seed_candidate", component=["format", "prompt"])
+    _raises(tmp_path, r"component: a component's name, a list of names, or None", component=[])
     _raises(tmp_path, "seed_candidate: must be a non-empty dict", seed_candidate={})
     _raises(tmp_path, "seed_candidate: component 'instructions' is empty", seed_candidate={"instructions": " "})
     _raises(tmp_path, "task_lm: a model string .* is refused.*task_lm_from_engine", adapter=None, task_lm="openai/x")
@@ -314,7 +315,8 @@ def test_the_default_adapter_path_with_a_callable_task_lm(tmp_path) -> None:
         **{**SCHEDULE, "insecure_noise_seed": None},  # secure noise: a guarantee
     )
     assert seen and all(len(m) == 2 and m[0]["role"] == "system" and m[1]["role"] == "user" for m in seen)
-    assert {m[1]["content"] for m in seen} <= {r["input"] for r in records}
+    # the records' inputs, and the public probe's (no public instance given: a fixed public text)
+    assert {m[1]["content"] for m in seen} <= {r["input"] for r in records} | {dp_gepa.PROBE_INPUT}
     assert result.best_candidate["system_prompt"] == result.outcome.result.prompt
     assert result.dp_guarantee.differentially_private is True
 

@@ -13,7 +13,9 @@ Modules, bottom up:
   (DP confusion matrix to sentences, free post-processing);
 - ``critique``: :class:`CritiquePipeline`, LLM advice per parent;
 - ``mutation_engine``: :class:`MutationEngine`, which holds the context, the sanitiser and
-  the critique pipeline, draws operators, accepts their edits and makes children.
+  the critique pipeline, draws operators, accepts their edits and makes children;
+- ``components``: :class:`ComponentMutationEngine`, one MutationEngine per part of a multi-part
+  prompt (a DSPy program's predictors), one part edited per child.
 """
 
 from dp_textgrad.dp_es.mutation.barrier import (
@@ -23,6 +25,7 @@ from dp_textgrad.dp_es.mutation.barrier import (
     candidate_text,
     check_public,
 )
+from dp_textgrad.dp_es.mutation.components import ComponentMutationEngine
 from dp_textgrad.dp_es.mutation.context import MutationContext
 from dp_textgrad.dp_es.mutation.critique import CritiquePipeline, extract_critique
 from dp_textgrad.dp_es.mutation.feedback import (
@@ -59,6 +62,7 @@ __all__ = [
     "NO_LLM_WEIGHTS",
     "OPERATORS",
     "PROMPT_CLOSE",
+    "ComponentMutationEngine",
     "PROMPT_OPEN",
     "RULE_OPERATORS",
     "CritiquePipeline",

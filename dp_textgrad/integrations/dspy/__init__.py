@@ -6,7 +6,7 @@
 
     optimizer = DPES(metric, epsilon=4.0, public_trainset=public_examples)
     compiled = optimizer.compile(program, trainset=private_examples)
-    compiled.dp_guarantee        # DPGuarantee: epsilon, delta, accountant, run_dir, ...
+    compiled.dp_guarantee        # DPGuarantee: epsilon, delta, accountant, run_id, ...
 
 Exports: :class:`DPES` (the optimizer), :class:`DPGuarantee` (what a compiled program carries
 through ``save``/``load``), :class:`CompletionAdapter` (``dspy.Predict`` on a base completion

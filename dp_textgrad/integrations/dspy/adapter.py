@@ -5,6 +5,7 @@ blank lines and ends the prompt with ``BEGIN RESPONSE:`` (:class:`EngineLM` does
 completion engine). The adapter lays the prompt out so that a base model continues it::
 
     <instructions>
+    Input <field>: <its desc=>        (fields described with desc=)
 
     <input field>: <value>            (each demonstration)
 
@@ -61,6 +62,17 @@ class CompletionAdapter(_Adapter):
         self.stop = stop
 
     # -- rendering ----------------------------------------------------------------------
+    def render_descriptions(self, signature: Any) -> str:
+        """A line per field whose ``desc=`` says more than its name: ``Input <name>: <desc>`` or
+        ``Output <name>: <desc>`` (not ``<name>: ...``, which is how a value is written)."""
+        lines = []
+        for role, fields in (("Input", signature.input_fields), ("Output", signature.output_fields)):
+            for name, field in fields.items():
+                desc = str((field.json_schema_extra or {}).get("desc", "") or "").strip()
+                if desc and desc != f"${{{name}}}":  # DSPy's placeholder for a field without desc=
+                    lines.append(f"{role} {name}: {desc}")
+        return "\n".join(lines)
+
     def render_inputs(self, signature: Any, values: dict[str, Any]) -> str:
         """The ``name: value`` lines of the input fields ``values`` holds."""
         names = signature.input_fields
@@ -75,14 +87,15 @@ class CompletionAdapter(_Adapter):
         return "\n\n".join(part for part in (self.render_inputs(signature, values), "\n".join(lines)) if part)
 
     def format(self, signature: Any, demos: list[dict[str, Any]], inputs: dict[str, Any]) -> list[dict[str, Any]]:
-        """One user message: the instructions, the demonstrations, the call's inputs (module docstring)."""
-        blocks = []
-        instructions = (signature.instructions or "").strip()
-        if instructions:
-            blocks.append(instructions)
+        """The instructions, the fields' descriptions and the demonstrations as one user message,
+        the call's inputs as a second (module docstring). A completion LM joins them with a blank
+        line, as one text; :class:`EngineLM` keeps the first, the same for every record of a
+        candidate, as a cached prefix."""
+        blocks = [(signature.instructions or "").strip(), self.render_descriptions(signature)]
         blocks += [self.render_demo(signature, demo) for demo in demos]
-        blocks.append(self.render_inputs(signature, dict(inputs)))
-        return [{"role": "user", "content": "\n\n".join(block for block in blocks if block)}]
+        head = "\n\n".join(block for block in blocks if block)
+        call = self.render_inputs(signature, dict(inputs))
+        return [{"role": "user", "content": part} for part in (head, call) if part]
 
     def __call__(
         self,

@@ -41,10 +41,35 @@ def request_text(request: Any) -> tuple[str | None, str]:
 class _EngineCompletions:
     """The DSPy custom engine over a dp-textgrad engine: one ``generate`` per request."""
 
-    def __init__(self, engine: Engine, max_tokens: int, instruction_following: bool) -> None:
+    def __init__(self, engine: Engine, max_tokens: int, instruction_following: bool, reuse_prefix: bool) -> None:
         self.engine = engine
         self.max_tokens = max_tokens
         self.instruction_following = instruction_following
+        self.reuse_prefix = reuse_prefix
+
+    def _after_prefix(self, request: Any, system: str | None, config: Any) -> str | None:
+        """The continuation through the engine's cached prefix (``generate_after_prefix``), or None
+        when it does not apply: the prefix is every message but the last (a candidate's
+        instruction and demonstrations, the same for every record), the suffix the last message
+        (the call's inputs) and the response marker; the text is the one ``generate`` would get."""
+        after = getattr(self.engine, "generate_after_prefix", None)
+        if not (self.reuse_prefix and callable(after) and len(request.messages) > 1):
+            return None
+        if float(config.temperature or 0.0) != 0.0:
+            return None
+        head = [system] if system else []
+        head += [message.text or "" for message in request.messages[:-1]]
+        head = [part for part in head if part]
+        last = request.messages[-1].text or ""
+        if not head or not last:
+            return None
+        (output,) = after(
+            "\n\n".join(head) + "\n\n",
+            [f"{last}\n\n{RESPONSE_MARKER}"],
+            max_tokens=int(config.max_tokens or self.max_tokens),
+            stop=list(config.stop) if config.stop else None,
+        )
+        return str(output)
 
     def complete(self, request: Any) -> Any:
         """One DSPy request as one ``engine.generate`` call (the class docstring of EngineLM)."""
@@ -54,14 +79,16 @@ class _EngineCompletions:
         else:  # a completion model gets the transcript as one text, as DSPy's text mode sends it
             prompt, system_prompt = "\n\n".join(p for p in (system, text, RESPONSE_MARKER) if p), None
         config = request.config
-        output = self.engine.generate(
-            prompt,
-            system_prompt,
-            temperature=float(config.temperature or 0.0),
-            max_tokens=int(config.max_tokens or self.max_tokens),
-            seed=config.seed,
-            stop=list(config.stop) if config.stop else None,
-        )
+        output = None if system_prompt is not None else self._after_prefix(request, system, config)
+        if output is None:
+            output = self.engine.generate(
+                prompt,
+                system_prompt,
+                temperature=float(config.temperature or 0.0),
+                max_tokens=int(config.max_tokens or self.max_tokens),
+                seed=config.seed,
+                stop=list(config.stop) if config.stop else None,
+            )
         prompt_tokens = estimated_tokens(prompt + (system_prompt or ""))
         output_tokens = estimated_tokens(output)
         return lm15.Response(
@@ -93,6 +120,10 @@ class EngineLM(_LM):
     ``max_tokens``: the length of a generation when the program gives none (default: the
     engine's ``default_max_tokens`` if it has one, else 256). ``instruction_following``: send chat
     (system prompt apart) or one completion text; default: the engine's own attribute.
+    ``reuse_prefix``: for a completion text of several messages (:class:`CompletionAdapter` sends
+    the instruction and demonstrations as one message and the call's inputs as the last) and
+    greedy decoding, generate after the engine's cached prefix (``generate_after_prefix``: the
+    prefix is decoded once and kept while records follow), the same text as one ``generate``.
     """
 
     def __init__(
@@ -102,6 +133,7 @@ class EngineLM(_LM):
         max_tokens: int | None = None,
         instruction_following: bool | None = None,
         cache: bool = False,
+        reuse_prefix: bool = True,
         **kwargs: Any,
     ) -> None:
         if not callable(getattr(engine, "generate", None)):
@@ -119,7 +151,7 @@ class EngineLM(_LM):
             model_type="text",
             max_tokens=max_tokens,
             cache=cache,
-            engine=_EngineCompletions(engine, max_tokens, bool(following)),
+            engine=_EngineCompletions(engine, max_tokens, bool(following), bool(reuse_prefix)),
             **kwargs,
         )
 

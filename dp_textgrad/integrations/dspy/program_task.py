@@ -34,16 +34,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from dp_textgrad.dp_es.config import ConfigError
+from dp_textgrad.dp_es.mutation.text_edits import norm_block, parse_layout
+from dp_textgrad.dp_es.population import normalise_text
 from dp_textgrad.integrations.dspy._env import import_dspy
+from dp_textgrad.integrations.dspy.retrieval import seal_retrieval, sealed_parts
 from dp_textgrad.privacy.data import PrivateDataset
+from dp_textgrad.tasks.components import PromptComponent, split_components
 from dp_textgrad.tasks.scored import RecordScore, ScoredExample, ScoredTask
 
 #: Modules a DPES program may not contain, and why (the check names the one it finds).
 UNSUPPORTED_PARTS = {
-    "Retrieve": "its queries (built from private records) go to a retrieval server and DSPy's disk cache",
-    "ColBERTv2": "its queries (built from private records) go to a retrieval server and DSPy's disk cache",
-    "Embeddings": "it embeds text through DSPy's disk-cached embedding calls",
-    "Embedder": "it embeds text through DSPy's disk-cached embedding calls",
     "ReAct": "its tools act outside the program (they may send a private record anywhere)",
     "ReActV2": "its tools act outside the program (they may send a private record anywhere)",
     "CodeAct": "it runs generated code with tools outside the program",
@@ -131,6 +131,25 @@ def choose_predictor(program: Any, name: str | None) -> tuple[str, Any]:
         if found == name:
             return found, predictor
     raise ConfigError(f"predictor: no predictor named {name!r}; the program has {', '.join(names)}")
+
+
+def choose_predictors(program: Any, names: str | Sequence[str] | None) -> list[str]:
+    """The names of the predictors to optimize: every predictor of the program (``None``), the
+    one named, or those named (in the program's order)."""
+    predictors = [n for n, _ in program.named_predictors()]
+    if not predictors:
+        raise ConfigError("student: the program has no dspy.Predict to optimize (or all its modules are compiled)")
+    if names is None:
+        return predictors
+    wanted = [names] if isinstance(names, str) else list(names)
+    if not wanted:
+        raise ConfigError("predictor: name at least one predictor, or pass None to optimize them all")
+    unknown = [n for n in wanted if n not in predictors]
+    if unknown:
+        raise ConfigError(
+            f"predictor: no predictor named {', '.join(map(repr, unknown))}; the program has {', '.join(predictors)}"
+        )
+    return [n for n in predictors if n in wanted]
 
 
 def check_no_demos(program: Any) -> None:
@@ -407,11 +426,49 @@ def copy_sharing(module: Any, shared: dict[int, Any]) -> Any:
         return module.deepcopy()
 
 
+class PromptParts:
+    """How a candidate prompt sets the optimized predictors of a program.
+
+    A prompt of one predictor is its text; of several, their texts under ``[[name]]`` headers
+    (:mod:`dp_textgrad.tasks.components`). Each predictor's text is laid out as the operators write
+    it: an instruction, then demonstration blocks, each the rendering of one PUBLIC example of
+    that predictor (:attr:`pools`). :meth:`settings` splits it back: the instruction becomes the
+    signature's instructions and the demonstrations ``predictor.demos`` (the public examples
+    themselves), so the program that is scored is the program that is released, and DSPy's tools
+    see the demos where they look for them."""
+
+    def __init__(self, names: Sequence[str], pools: dict[str, dict[str, Any]]) -> None:
+        self.names = list(names)
+        self.pools = pools  # predictor name -> normalised demo text -> the public example
+
+    def texts(self, prompt: str) -> dict[str, str]:
+        """Each optimized predictor's text in ``prompt``."""
+        return split_components(prompt, self.names) if len(self.names) > 1 else {self.names[0]: prompt}
+
+    def settings(self, prompt: str) -> dict[str, tuple[str, list[Any]]]:
+        """Predictor name -> (instruction, demos) that ``prompt`` sets."""
+        out: dict[str, tuple[str, list[Any]]] = {}
+        for name, text in self.texts(prompt).items():
+            pool = self.pools.get(name, {})
+            layout = parse_layout(text, list(pool))
+            out[name] = (layout.instruction, [pool[normalise_text(block)] for block in layout.demos])
+        return out
+
+    def apply(self, program: Any, prompt: str) -> None:
+        """Set ``program``'s optimized predictors (in place) to what ``prompt`` says."""
+        chosen = self.settings(prompt)
+        for name, predictor in program.named_predictors():
+            if name in chosen:
+                instruction, demos = chosen[name]
+                predictor.signature = predictor.signature.with_instructions(instruction)
+                predictor.demos = list(demos)
+
+
 class SealedProgram:
     """A template of the user's program for private calls, and how to run one.
 
-    ``run(prompt, inputs)`` runs a fresh copy of the template whose predictor ``predictor_name``
-    has ``prompt`` as its instruction, inside a DSPy context with every side channel off (module
+    ``run(prompt, inputs)`` runs a fresh copy of the template whose optimized predictors are set
+    by ``prompt`` (:class:`PromptParts`), inside a DSPy context with every side channel off (module
     docstring). Every LM the program holds (a predictor's ``lm``, an LM a module keeps to switch
     in with ``dspy.context``) is a sealed copy (:func:`private_lm`), one per LM, which the
     per-call copies share instead of copying it per call."""
@@ -419,14 +476,14 @@ class SealedProgram:
     def __init__(
         self,
         program: Any,
-        predictor_name: str,
+        parts: PromptParts,
         lm: Any,
         adapter: Any,
         silencer: SilencedPrivateCalls,
     ) -> None:
         dspy = import_dspy()
         self._dspy = dspy
-        self.predictor_name = predictor_name
+        self.parts = parts
         self.silencer = silencer
         self.lm = private_lm(lm)
         self.adapter = private_adapter(adapter)
@@ -437,7 +494,10 @@ class SealedProgram:
         self._sealed_lms = {id(lm_): lm_ for lm_ in held.values()}
         # With DSPy's fallback copy (the program holds something that cannot be deep-copied), the
         # template may hold copies of the user's LMs: they are sealed too.
-        self.template = with_lms_replaced(copy_sharing(program, held), self._seal_lm)
+        # Retrieval parts (declared public, checked by check_retrieval) are sealed in the template:
+        # searches in the calling thread, embedders without caches (retrieval.seal_retrieval).
+        self.template = with_lms_replaced(copy_sharing(program, {**held, **sealed_parts(program)}), self._seal_lm)
+        seal_retrieval(self.template)
         for _, module in self.template.named_sub_modules():
             module.callbacks = []
             module.history = []
@@ -451,11 +511,9 @@ class SealedProgram:
         return lm
 
     def copy_with(self, prompt: str) -> Any:
-        """A copy of the template with ``prompt`` as the optimized predictor's instruction."""
+        """A copy of the template with its optimized predictors set by ``prompt``."""
         candidate = copy_sharing(self.template, self._sealed_lms)
-        for name, predictor in candidate.named_predictors():
-            if name == self.predictor_name:
-                predictor.signature = predictor.signature.with_instructions(prompt)
+        self.parts.apply(candidate, prompt)
         return candidate
 
     @contextmanager
@@ -485,10 +543,76 @@ class SealedProgram:
             yield
 
     def run(self, prompt: str, inputs: dict[str, Any]) -> Any:
-        """The program's prediction on ``inputs`` with ``prompt`` as the instruction, sealed."""
+        """The program's prediction on ``inputs`` with ``prompt`` setting its predictors, sealed."""
         candidate = self.copy_with(prompt)
         with self.sealed():
             return candidate(**inputs)
+
+
+def demo_eligible(signature: Any, example: Any) -> bool:
+    """Whether a public example can be a demonstration of a predictor: it holds every input field
+    of the predictor's signature and at least one of its output fields."""
+    return all(name in example for name in signature.input_fields) and any(
+        name in example for name in signature.output_fields
+    )
+
+
+def describe_predictor(name: str, signature: Any) -> str:
+    """Public text on what a predictor does, for the mutation operators: its instructions and the
+    descriptions of its fields that say more than the field's name."""
+    lines = [(signature.instructions or "").strip() or f"The DSPy predictor {name}."]
+    for field_name, field in (*signature.input_fields.items(), *signature.output_fields.items()):
+        desc = str((field.json_schema_extra or {}).get("desc", "") or "").strip()
+        if desc and desc != f"${{{field_name}}}":
+            lines.append(f"{field_name}: {desc}")
+    return "\n".join(lines)
+
+
+def predictor_components(
+    program: Any, names: Sequence[str], adapter: Any, public_trainset: Sequence[Any]
+) -> list[PromptComponent]:
+    """The optimized predictors as prompt parts: each with its seed instruction, its public
+    description and the public examples that hold its fields, rendered as ``adapter`` lays out a
+    demonstration (:class:`CompletionAdapter`) or as ``field: value`` lines."""
+    predictors = dict(program.named_predictors())
+    own_render = getattr(adapter, "render_demo", None)  # an adapter's own layout (CompletionAdapter)
+
+    def renderer(signature: Any) -> Callable[[Any], str]:
+        def render(example: Any) -> str:
+            if callable(own_render):
+                return str(own_render(signature, example))
+            return render_demo(signature, example)
+
+        return render
+
+    components = []
+    for name in names:
+        signature = predictors[name].signature
+        render = renderer(signature)
+        examples = [example for example in public_trainset if demo_eligible(signature, example)]
+        components.append(
+            PromptComponent(
+                name=name,
+                seed=signature.instructions or "",
+                description=describe_predictor(name, signature),
+                public_examples=tuple(ScoredExample(text=render(example), payload=example) for example in examples),
+                render_example=render,
+            )
+        )
+    return components
+
+
+def parts_of(components: Sequence[PromptComponent]) -> PromptParts:
+    """How a candidate prompt sets the predictors of ``components``."""
+    pools = {
+        part.name: {
+            normalise_text(norm_block(str(part.render_example(example.payload)))): example.payload
+            for example in part.public_examples
+        }
+        for part in components
+        if part.render_example is not None
+    }
+    return PromptParts([part.name for part in components], pools)
 
 
 def program_as_task(
@@ -496,7 +620,8 @@ def program_as_task(
     metric: Any,
     trainset: list[Any],
     *,
-    predictor_name: str,
+    predictor_name: str | None = None,
+    predictor_names: Sequence[str] | None = None,
     lm: Any,
     adapter: Any = None,
     public_trainset: Sequence[Any] = (),
@@ -506,14 +631,19 @@ def program_as_task(
 ) -> ScoredTask:
     """The ScoredTask of a DSPy program (module docstring): its private records are ``trainset``.
 
-    ``public_trainset`` examples become the task's public examples (rendered as demonstrations
-    for the demo operators, and the probe's input); ``valset`` is the test split (research
-    evaluation only)."""
+    ``predictor_names`` (or one ``predictor_name``): the predictors to optimize, default all of
+    them; with several, a candidate prompt holds one text per predictor (:class:`PromptParts`) and
+    a child edits one of them. ``public_trainset`` examples are the public demonstrations of each
+    predictor whose fields they hold (and the probe's input); ``valset`` is the test split
+    (research evaluation only)."""
     dspy = import_dspy()
-    sealed = SealedProgram(program, predictor_name, lm, adapter, silencer or SilencedPrivateCalls())
+    if predictor_names is None:
+        predictor_names = [predictor_name] if predictor_name is not None else None
+    names = choose_predictors(program, predictor_names)
+    components = predictor_components(program, names, adapter, public_trainset)
+    parts = parts_of(components)
+    sealed = SealedProgram(program, parts, lm, adapter, silencer or SilencedPrivateCalls())
     call_metric = metric_caller(metric)
-    predictor = dict(program.named_predictors())[predictor_name]
-    signature = predictor.signature
 
     def score_record(prompt: str, example: Any) -> RecordScore:
         try:
@@ -526,12 +656,7 @@ def program_as_task(
         except Exception:  # a metric failing on this output: the same category for every record
             return (0.0, "unparsed")
 
-    own_render = getattr(adapter, "render_demo", None)  # an adapter's own layout (CompletionAdapter)
-
-    def render(example: Any) -> str:
-        if callable(own_render):
-            return str(own_render(signature, example))
-        return render_demo(signature, example)
+    first = components[0]
 
     def probe(prompt: str) -> None:
         if public_trainset:  # one public example through the whole pipeline, metric included
@@ -545,19 +670,20 @@ def program_as_task(
         with sealed.sealed():  # no public example: a public call that checks the LM answers at all
             sealed.lm("Reply with the word OK.")
 
-    public = [ScoredExample(text=render(example), payload=example) for example in public_trainset]
+    several = len(components) > 1
     return ScoredTask(
         name=f"dspy:{type(program).__name__}",
-        description=(signature.instructions or "").strip() or f"The DSPy predictor {predictor_name}.",
+        description=first.description if not several else "\n".join(part.description for part in components),
         private_train=PrivateDataset(list(trainset)),
         test=list(valset),
         score_record=score_record,
-        public_examples=public,
-        render_example=render,
-        seed_prompt=signature.instructions or "",
+        public_examples=list(first.public_examples),
+        render_example=first.render_example,
+        seed_prompt=first.seed if not several else "",
         threads=threads,
         probe=probe,
         deterministic=False,
+        components=tuple(components) if several else (),
     )
 
 
@@ -577,12 +703,16 @@ __all__ = [
     "PRIVATE_CALL_SETTING",
     "UNSUPPORTED_PARTS",
     "PrivateCallGate",
+    "PromptParts",
     "SealedProgram",
     "SilencedPrivateCalls",
     "check_examples",
     "check_no_demos",
     "check_program",
     "choose_predictor",
+    "choose_predictors",
+    "demo_eligible",
+    "describe_predictor",
     "copy_sharing",
     "in_private_call",
     "metric_caller",

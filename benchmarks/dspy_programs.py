@@ -1,0 +1,237 @@
+"""DSPy programs as people write them, compiled by DSPy's stock optimizers and by DPES on the local
+model (issue 49): a two-predictor program and a retrieval program over the shipped public
+help-centre corpus, on the built-in ``support`` task, with paired intervals on one test split.
+
+Programs (``--programs``):
+
+- ``two_step``: ``Predict("message -> topic")`` then ``Predict("message, topic -> category")``:
+  both predictors optimized by one DPES compile, the metric on the final category;
+- ``rag``: ``dspy.retrievers.Embeddings`` over ``help_centre_articles()`` (an in-process hashed
+  word embedder, declared public) then ``Predict("context, message -> category")``;
+- ``single``: ``Predict("message -> category")`` (the program of ``dspy_utility.py``).
+
+Methods, all on the same test records: ``seed`` (as written), ``fewshot_public``
+(``LabeledFewShot(k)`` on the public examples), ``bootstrap_private`` (``BootstrapFewShot`` on the
+PRIVATE trainset, what a DSPy user does today; the private records it copies into the saved
+program are counted), ``dpes_nonprivate`` (DPES, ``privacy="off"``), ``dpes_eps<E>``. Each DPES
+compile is timed and its plan (``DPES.plan``) is recorded beside it: planned against spent
+private program calls. ``--speed``: for the first seed, one more compile at the first epsilon
+with ``EngineLM(reuse_prefix=False)`` (today's path before the cached prefix) and one with the
+pre-issue-49 schedule (q = min(1, 150 / N)), timed side by side in this run.
+
+Run::
+
+    python benchmarks/dspy_programs.py --programs two_step rag --n-private 100 --n-test 60 \\
+        --seeds 0 1 --epsilons 4 1 --speed --output benchmarks/results/dspy_programs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from paired_bootstrap import encode_outcomes, paired_bootstrap  # noqa: E402
+
+
+def build_programs(dspy):
+    from dp_textgrad.tasks.help_centre import hashed_word_embedder, help_centre_articles
+
+    class TwoStep(dspy.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.topic = dspy.Predict("message -> topic")
+            self.classify = dspy.Predict("message, topic -> category")
+
+        def forward(self, message: str):
+            topic = self.topic(message=message).topic
+            return self.classify(message=message, topic=topic)
+
+    class HelpCentreRAG(dspy.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.retrieve = dspy.retrievers.Embeddings(
+                corpus=help_centre_articles(),
+                embedder=dspy.Embedder(hashed_word_embedder(256), caching=False),
+                k=1,
+                brute_force_threshold=100_000,
+            )
+            self.classify = dspy.Predict("context, message -> category")
+
+        def forward(self, message: str):
+            context = self.retrieve(message).passages[0]
+            return self.classify(context=context, message=message)
+
+    class Single(dspy.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.classify = dspy.Predict("message -> category")
+
+        def forward(self, message: str):
+            return self.classify(message=message)
+
+    return {
+        "two_step": (TwoStep, {}),
+        "rag": (HelpCentreRAG, {"public_retrievers": ["retrieve"]}),
+        "single": (Single, {}),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--programs", nargs="+", default=["two_step", "rag"])
+    parser.add_argument("--n-private", type=int, default=100)
+    parser.add_argument("--n-public", type=int, default=10)
+    parser.add_argument("--n-test", type=int, default=60)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[4.0, 1.0])
+    parser.add_argument("--k", type=int, default=4, help="LabeledFewShot's and BootstrapFewShot's demonstrations")
+    parser.add_argument("--auto", default="light", help="DPES's schedule preset")
+    parser.add_argument("--max-tokens", type=int, default=6, help="tokens a program call may write")
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: free CPUs)")
+    parser.add_argument("--speed", action="store_true", help="time the cached prefix and the old schedule too")
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import dspy
+
+    from dp_textgrad.engines.llama_cpp import LlamaCppEngine
+    from dp_textgrad.integrations.dspy import DPES, CompletionAdapter, EngineLM
+    from dp_textgrad.tasks.registry import get_task
+
+    engine = LlamaCppEngine(n_threads=args.threads) if args.threads else LlamaCppEngine()
+    lm = EngineLM(engine, max_tokens=args.max_tokens)
+    dspy.configure(lm=lm, adapter=CompletionAdapter())
+    work = Path(tempfile.mkdtemp(prefix="dspy_programs_"))
+    os.environ["DP_TEXTGRAD_HOME"] = str(work / "home")  # DPES's default runs root, thrown away after
+
+    def metric(example, prediction, trace=None):
+        return str(prediction.category).strip().lower() == example.category
+
+    def score(program, example) -> float:
+        try:
+            return float(metric(example, program(**example.inputs())))
+        except dspy.utils.exceptions.AdapterParseError:
+            return 0.0
+
+    task = get_task("support", seed=0, n_private=args.n_private, n_public=args.n_public, n_test=args.n_test)
+
+    def as_example(record):
+        return dspy.Example(message=record.text, category=record.label).with_inputs("message")
+
+    private = [as_example(r.unwrap()) for r in task.private_train]
+    public = [as_example(r) for r in task.public_examples]
+    test = [as_example(r) for r in task.test]
+    programs = build_programs(dspy)
+    rows: list[dict] = []
+    summaries: dict[str, dict] = {}
+    started = time.perf_counter()
+
+    def leaked(compiled, name: str) -> int:
+        path = work / f"{name}.json"
+        compiled.save(str(path))
+        saved = path.read_text(encoding="utf-8")
+        return sum(ex.message in saved for ex in private)
+
+    for program_name in args.programs:
+        make, settings = programs[program_name]
+        outcomes: dict[str, list[np.ndarray]] = {}
+        for seed in args.seeds:
+            student = make()
+            methods: dict[str, dict] = {"seed": {"program": student}}
+            methods["fewshot_public"] = {"program": dspy.LabeledFewShot(k=args.k).compile(student, trainset=public)}
+            t0 = time.perf_counter()
+            boot = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=args.k, max_labeled_demos=0)
+            methods["bootstrap_private"] = {
+                "program": boot.compile(student, trainset=private),
+                "compile_seconds": time.perf_counter() - t0,
+            }
+            dpes_runs = [("dpes_nonprivate", dict(privacy="off", epsilon=4.0), {})]
+            dpes_runs += [(f"dpes_eps{eps:g}", dict(epsilon=eps), {}) for eps in args.epsilons]
+            if args.speed and seed == args.seeds[0]:
+                first = args.epsilons[0]
+                dpes_runs += [
+                    (f"dpes_eps{first:g}_no_prefix_cache", dict(epsilon=first), {"reuse_prefix": False}),
+                    (
+                        f"dpes_eps{first:g}_old_schedule",
+                        dict(epsilon=first, sampling_rate=None),
+                        {"reuse_prefix": False},
+                    ),
+                ]
+            for name, dp_settings, lm_settings in dpes_runs:
+                run_lm = EngineLM(engine, max_tokens=args.max_tokens, **lm_settings) if lm_settings else lm
+                optimizer = DPES(
+                    metric,
+                    public_trainset=public,
+                    lm=run_lm,
+                    engine=engine,
+                    auto=args.auto,
+                    seed=seed,
+                    progress=False,
+                    **settings,
+                    **dp_settings,
+                )
+                plan = optimizer.plan(student, private, show=False)
+                engine_calls = engine.usage.calls if hasattr(engine, "usage") else None
+                t0 = time.perf_counter()
+                compiled = optimizer.compile(student, private)
+                seconds = time.perf_counter() - t0
+                methods[name] = {
+                    "program": compiled,
+                    "compile_seconds": seconds,
+                    "planned_private_calls": plan.private_calls,
+                    "planned_seconds": plan.expected_seconds,
+                    "engine_calls": None if engine_calls is None else engine.usage.calls - engine_calls,
+                    "epsilon": compiled.dp_guarantee.epsilon,
+                    "prompt": optimizer.outcome.result.prompt,
+                }
+            for name, info in methods.items():
+                correct = np.array([score(info["program"], ex) for ex in test])
+                if not name.endswith(("_no_prefix_cache", "_old_schedule")):
+                    outcomes.setdefault(name, []).append(correct)
+                row = {
+                    "program": program_name,
+                    "seed": seed,
+                    "method": name,
+                    "accuracy": float(correct.mean()),
+                    "outcomes": encode_outcomes(correct),
+                    "private_records_in_program": leaked(info["program"], f"{program_name}_{name}_{seed}"),
+                    **{k: v for k, v in info.items() if k != "program"},
+                }
+                rows.append(row)
+                print(
+                    f"{program_name} seed {seed} {name:34s} accuracy {row['accuracy']:.3f}  private records "
+                    f"in program: {row['private_records_in_program']}  compile {info.get('compile_seconds') or 0:.0f} s",
+                    flush=True,
+                )
+        matrices = {name: np.vstack(found) for name, found in outcomes.items()}
+        summaries[program_name] = paired_bootstrap(matrices, reference="seed", ceiling="dpes_nonprivate")
+        for name, row in summaries[program_name].items():
+            print(program_name, name, json.dumps(row, default=float), flush=True)
+    result = {
+        "command": "python benchmarks/dspy_programs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "settings": vars(args) | {"output": str(args.output) if args.output else None},
+        "model": f"Gemma 3 270M Q4_K_M (bundled), EngineLM(max_tokens={args.max_tokens}) + CompletionAdapter",
+        "seconds": time.perf_counter() - started,
+        "summary": summaries,
+        "runs": rows,
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2, default=float) + "\n", encoding="utf-8")
+    return result
+
+
+if __name__ == "__main__":
+    main()
