@@ -151,7 +151,9 @@ def main(argv: list[str] | None = None) -> dict:
             methods: dict[str, dict] = {"seed": {"program": student}}
             methods["fewshot_public"] = {"program": dspy.LabeledFewShot(k=args.k).compile(student, trainset=public)}
             t0 = time.perf_counter()
-            boot = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=args.k, max_labeled_demos=0)
+            boot = dspy.BootstrapFewShot(
+                metric=metric, max_bootstrapped_demos=args.k, max_labeled_demos=0, max_errors=len(private)
+            )
             methods["bootstrap_private"] = {
                 "program": boot.compile(student, trainset=private),
                 "compile_seconds": time.perf_counter() - t0,

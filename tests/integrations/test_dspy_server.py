@@ -3,7 +3,9 @@ model): DSPy talks to it through ``dspy.LM(..., model_type="text")`` (the comple
 the chat endpoint answers a base model with empty text) and :class:`CompletionAdapter`. A
 ``dspy.Predict`` classifier and a ``dspy.ChainOfThought`` extractor compile with the ledger equal
 to the plan, and the compiled programs run; once more with one of our engines (``OpenAIEngine``
-on the same server) running the program through :class:`EngineLM`.
+on the same server) running the program through :class:`EngineLM`. A two-predictor program with
+retrieval over the public help-centre corpus compiles against the server and on the local model,
+the ledger equal to the plan, no private query left in any retriever or embedder cache.
 
 Tiny runs (a dozen records, one or two generations, population 2): the point is that the whole
 road works on a real server, not what a 270M base model learns.
@@ -186,3 +188,64 @@ def test_dpes_runs_the_program_through_our_own_engine(llama_server, tmp_path: Pa
         check_ledger_is_the_plan(dpes)
         assert engine.usage.calls >= len(private)  # the program's calls went through the engine
     assert dpes.outcome.result.prompt.startswith(compiled.signature.instructions)  # then its public demos
+
+
+class TwoStepRAG(dspy.Module):
+    """Retrieval over the shipped public help-centre corpus, then two predictors: a topic, then the
+    sentiment from the text and the topic; every predictor optimized, the retriever declared public."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from dp_textgrad.tasks.help_centre import hashed_word_embedder, help_centre_articles
+
+        self.retrieve = dspy.retrievers.Embeddings(
+            corpus=help_centre_articles(),
+            embedder=dspy.Embedder(hashed_word_embedder()),
+            k=1,
+            brute_force_threshold=100_000,
+        )
+        self.topic = dspy.Predict("text -> topic")
+        self.judge = dspy.Predict("text, topic -> sentiment")
+
+    def forward(self, text: str) -> Any:
+        self.retrieve(text)  # a private query: sealed, kept nowhere
+        topic = self.topic(text=text).topic
+        return self.judge(text=text, topic=topic)
+
+
+def compile_two_step_rag(lm: Any, runs_root: Path, engine: Any = None) -> tuple[DPES, Any]:
+    from dp_textgrad.integrations.dspy.retrieval import cached_private_queries
+    from dp_textgrad.tasks.components import split_components
+
+    public, private = classifier_data()
+    student = TwoStepRAG()
+    dpes = DPES(
+        sentiment_metric,
+        lm=lm,
+        engine=engine,
+        adapter=CompletionAdapter(),
+        public_trainset=public,
+        public_retrievers=["retrieve"],
+        dataset_size=len(private),
+        runs_root=runs_root,
+        **{**RUN, "generations": 2, "population": 3},
+    )
+    compiled = dpes.compile(student, trainset=private)
+    check_ledger_is_the_plan(dpes)
+    split_components(dpes.outcome.result.prompt, ["topic", "judge"])  # both predictors in the release
+    assert compiled.dp_guarantee.optimized == "topic, judge"
+    queries = [example.text for example in private]
+    assert cached_private_queries(student, queries) == [] and cached_private_queries(compiled, queries) == []
+    return dpes, compiled
+
+
+def test_a_two_predictor_retrieval_program_compiles_against_the_server(llama_server, tmp_path: Path) -> None:  # noqa: F811
+    compile_two_step_rag(text_lm(llama_server), tmp_path)
+
+
+def test_a_two_predictor_retrieval_program_compiles_on_the_local_model(llama_engine, tmp_path: Path) -> None:
+    from dp_textgrad.integrations.dspy import EngineLM
+
+    dpes, compiled = compile_two_step_rag(EngineLM(llama_engine, max_tokens=6), tmp_path, engine=llama_engine)
+    with dspy.context(lm=EngineLM(llama_engine, max_tokens=6), adapter=CompletionAdapter()):
+        assert isinstance(compiled(text="a lovely, joyful film").sentiment, str)

@@ -112,14 +112,7 @@ class ComponentMutationEngine:
     ) -> list[Candidate]:
         """Children of the chosen ``parents``; each part's engine sanitises the DP feedback and
         writes its children from it (:meth:`MutationEngine.offspring`)."""
-        cursor = {"next": 0}
-
-        def make(engine: MutationEngine, parts: list[Candidate], gen: int, name: str) -> list[Candidate]:
-            primary = parts[cursor["next"] % len(parts)]  # parents round robin, best first
-            cursor["next"] += 1
-            ordered = [primary] + [p for p in parts if p.id != primary.id]
-            return engine.offspring(ordered, 1, gen, dp_feedback)
-
+        make = self._parents_in_turn(lambda engine, ordered, gen: engine.offspring(ordered, 1, gen, dp_feedback))
         return self._spread(list(parents), n, generation, (), make)
 
     def children(
@@ -131,15 +124,23 @@ class ComponentMutationEngine:
         exclude: Collection[str] = (),
     ) -> list[Candidate]:
         """Up to ``n`` distinct children (:meth:`MutationEngine.children`), one part edited each."""
-        cursor = {"next": 0}
-
-        def make(engine: MutationEngine, parts: list[Candidate], gen: int, name: str) -> list[Candidate]:
-            primary = parts[cursor["next"] % len(parts)]
-            cursor["next"] += 1
-            ordered = [primary] + [p for p in parts if p.id != primary.id]
-            return engine.children(ordered, 1, gen, feedback=feedback)
-
+        make = self._parents_in_turn(lambda engine, ordered, gen: engine.children(ordered, 1, gen, feedback=feedback))
         return self._spread(list(parents), n, generation, exclude, make)
+
+    @staticmethod
+    def _parents_in_turn(
+        one_child: Callable[[MutationEngine, list[Candidate], int], list[Candidate]],
+    ) -> Callable[[MutationEngine, list[Candidate], int, str], list[Candidate]]:
+        """A ``make`` for :meth:`_spread` whose calls take the parents in turn as the primary one
+        (best first, as :meth:`MutationEngine.children` does), the others as crossover partners."""
+        turn = [0]
+
+        def make(engine: MutationEngine, parts: list[Candidate], generation: int, name: str) -> list[Candidate]:
+            primary = parts[turn[0] % len(parts)]
+            turn[0] += 1
+            return one_child(engine, [primary] + [p for p in parts if p.id != primary.id], generation)
+
+        return make
 
 
 def part_renderer(part: Any, fallback: Callable[[Any], str]) -> Callable[[Any], str]:
