@@ -5,7 +5,9 @@ help-centre corpus, on the built-in ``support`` task, with paired intervals on o
 Programs (``--programs``):
 
 - ``two_step``: ``Predict("message -> topic")`` then ``Predict("message, topic -> category")``:
-  both predictors optimized by one DPES compile, the metric on the final category;
+  both predictors optimized by one DPES compile, the metric on the final category. The public
+  examples carry a topic too (a fixed public phrase per category, ``TOPICS``), so that the first
+  predictor has demonstrations; the private ones carry only the message and the category;
 - ``rag``: ``dspy.retrievers.Embeddings`` over ``help_centre_articles()`` (an in-process hashed
   word embedder, declared public) then ``Predict("context, message -> category")``;
 - ``single``: ``Predict("message -> category")`` (the program of ``dspy_utility.py``).
@@ -41,6 +43,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paired_bootstrap import encode_outcomes, paired_bootstrap  # noqa: E402
+
+
+#: The public intermediate label of the two-step program's public examples: a phrase per category.
+TOPICS = {
+    "bill": "a charge, a bill or a payment",
+    "tech": "something that does not work",
+    "update": "changing the customer's details",
+    "cancel": "ending a contract or a service",
+    "fraud": "a theft or an unknown transaction",
+}
 
 
 def build_programs(dspy):
@@ -131,6 +143,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     private = [as_example(r.unwrap()) for r in task.private_train]
     public = [as_example(r) for r in task.public_examples]
+    unknown = {ex.category for ex in public} - set(TOPICS)
+    if unknown:
+        raise SystemExit(f"TOPICS: no public topic for the categories {sorted(unknown)}")
+    public_by_program = {
+        "two_step": [ex.copy(topic=TOPICS[ex.category]).with_inputs("message") for ex in public],
+    }
     test = [as_example(r) for r in task.test]
     programs = build_programs(dspy)
     rows: list[dict] = []
@@ -145,11 +163,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     for program_name in args.programs:
         make, settings = programs[program_name]
+        public_examples = public_by_program.get(program_name, public)
         outcomes: dict[str, list[np.ndarray]] = {}
         for seed in args.seeds:
             student = make()
             methods: dict[str, dict] = {"seed": {"program": student}}
-            methods["fewshot_public"] = {"program": dspy.LabeledFewShot(k=args.k).compile(student, trainset=public)}
+            methods["fewshot_public"] = {
+                "program": dspy.LabeledFewShot(k=args.k).compile(student, trainset=public_examples)
+            }
             t0 = time.perf_counter()
             boot = dspy.BootstrapFewShot(
                 metric=metric, max_bootstrapped_demos=args.k, max_labeled_demos=0, max_errors=len(private)
@@ -174,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
                 run_lm = EngineLM(engine, max_tokens=args.max_tokens, **lm_settings) if lm_settings else lm
                 optimizer = DPES(
                     metric,
-                    public_trainset=public,
+                    public_trainset=public_examples,
                     lm=run_lm,
                     engine=engine,
                     auto=args.auto,

@@ -550,9 +550,11 @@ class SealedProgram:
 
 
 def demo_eligible(signature: Any, example: Any) -> bool:
-    """Whether a public example can be a demonstration of a predictor: it holds every input field
-    of the predictor's signature and at least one of its output fields."""
-    return all(name in example for name in signature.input_fields) and any(
+    """Whether a public example can be a demonstration of a predictor: it holds at least one input
+    field and one output field of the predictor's signature (rendered with the fields it holds, as
+    DSPy's adapters render a demo; a retrieval program's public examples need not hold the
+    retrieved context). One without any output field would show nothing to answer."""
+    return any(name in example for name in signature.input_fields) and any(
         name in example for name in signature.output_fields
     )
 
