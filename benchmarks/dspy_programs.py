@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from paired_bootstrap import encode_outcomes, paired_bootstrap  # noqa: E402
+from paired_bootstrap import decode_outcomes, encode_outcomes, paired_bootstrap  # noqa: E402
 
 
 #: The public intermediate label of the two-step program's public examples: a phrase per category.
@@ -98,6 +98,71 @@ def build_programs(dspy):
     }
 
 
+LABELS = {
+    "seed": "uncompiled",
+    "fewshot_public": "LabeledFewShot(k=4) on public examples",
+    "bootstrap_private": "BootstrapFewShot on the private trainset (stock DSPy)",
+    "dpes_nonprivate": "DPES, privacy off",
+}
+
+
+def summarise(matrices: dict[str, np.ndarray]) -> dict:
+    """Paired intervals: each method against the uncompiled program, DPES's rows also against the
+    stock optimizer on the private trainset (``vs_baseline``)."""
+    stock = {name: "bootstrap_private" for name in matrices if name.startswith("dpes_")}
+    return paired_bootstrap(matrices, reference="seed", ceiling="dpes_nonprivate", baselines=stock)
+
+
+def table(result: dict) -> str:
+    """The result as markdown: per program, each method's accuracy, paired difference to the
+    uncompiled program, private records in the saved program, compile minutes; then the timing rows."""
+
+    def interval(row: dict, key: str) -> str:
+        low, high = row[f"{key}_ci"]
+        return f"{row[key]:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    lines = []
+    for program in result["summary"]:
+        runs = [r for r in result["runs"] if r["program"] == program]
+        found: dict[str, list[np.ndarray]] = {}
+        for r in runs:
+            if not r["method"].endswith(("_no_prefix_cache", "_old_schedule")):
+                found.setdefault(r["method"], []).append(decode_outcomes(r["outcomes"]))
+        summary = summarise({name: np.vstack(rows) for name, rows in found.items()})
+        seeds = sorted({r["seed"] for r in runs})
+        lines += [
+            f"**{program}** ({len(seeds)} seeds, {len(found['seed'][0])} test records)",
+            "",
+            "| method | accuracy | vs uncompiled [95% CI] | vs BootstrapFewShot [95% CI] | private records in the "
+            "saved program (max over seeds) | compile, min (mean) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for method, row in summary.items():
+            mine = [r for r in runs if r["method"] == method]
+            minutes = [r["compile_seconds"] / 60 for r in mine if r.get("compile_seconds")]
+            name = LABELS.get(method, method.replace("dpes_eps", "DPES, epsilon "))
+            lines.append(
+                f"| {name} | {row['accuracy']:.3f} | {interval(row, 'vs_seed') if 'vs_seed' in row else '-'} | "
+                f"{interval(row, 'vs_baseline') if 'vs_baseline' in row else '-'} | "
+                f"{max(r['private_records_in_program'] for r in mine)} | "
+                f"{(sum(minutes) / len(minutes)) if minutes else 0:.1f} |"
+            )
+        timed = [r for r in runs if r["method"].startswith("dpes_")]
+        lines += [
+            "",
+            "| compile (seed, method) | accuracy | compile, s | planned private program calls | planned, s | "
+            "engine calls |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in timed:
+            lines.append(
+                f"| {r['seed']} {r['method']} | {r['accuracy']:.3f} | {r['compile_seconds']:.0f} | "
+                f"{r['planned_private_calls']:.0f} | {r['planned_seconds']:.0f} | {r['engine_calls']} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--programs", nargs="+", default=["two_step", "rag"])
@@ -112,7 +177,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: free CPUs)")
     parser.add_argument("--speed", action="store_true", help="time the cached prefix and the old schedule too")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--table", type=Path, nargs="+", default=None, help="print the tables of saved results")
     args = parser.parse_args(argv)
+    if args.table:
+        for path in args.table:
+            print(table(json.loads(path.read_text(encoding="utf-8"))))
+        return {}
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import dspy
@@ -238,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
                     flush=True,
                 )
         matrices = {name: np.vstack(found) for name, found in outcomes.items()}
-        summaries[program_name] = paired_bootstrap(matrices, reference="seed", ceiling="dpes_nonprivate")
+        summaries[program_name] = summarise(matrices)
         for name, row in summaries[program_name].items():
             print(program_name, name, json.dumps(row, default=float), flush=True)
     result = {
