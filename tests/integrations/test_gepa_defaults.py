@@ -92,7 +92,7 @@ def test_empty_hook_lists_are_accepted_and_non_empty_ones_refused_by_name(tmp_pa
             dp_gepa.optimize(SEED, private_records(), adapter=KeywordAdapter(), **{name: [lambda *a: True]})
     with pytest.raises(ConfigError, match="^reflection_lm_kwargs: refused: "):
         dp_gepa.optimize(SEED, private_records(), adapter=KeywordAdapter(), reflection_lm_kwargs={"temperature": 1})
-    assert dp_gepa.EMPTY_ACCEPTED <= set(dp_gepa.GEPA_REFUSED_ARGUMENTS)
+    assert set(dp_gepa.EMPTY_ACCEPTED) <= set(dp_gepa.GEPA_REFUSED_ARGUMENTS)
 
 
 # -- 3. the public probe: a broken task LM costs nothing -----------------------------------------
