@@ -115,8 +115,9 @@ GEPA_REFUSED_ARGUMENTS: dict[str, tuple[tuple[Any, ...], str]] = {
     ),
     "raise_on_exception": (
         (None, True),
-        "a DP-ES run always stops on a machinery fault (with a message quoting no record); GEPA's "
-        "graceful stop would make the schedule depend on private records",
+        "GEPA's graceful stop on an exception would let one private record decide whether the run stops; "
+        "in DP-ES a record whose evaluation raises scores 0 in the public 'error' category and the run "
+        "goes on (max_error_share= stops on the DP share of such records)",
     ),
 }
 
@@ -427,7 +428,8 @@ class AdapterScore:
     trajectories are never read), divided by ``perfect_score``. A batch without exactly one
     numeric score is a score of 0 in the ``unparsed`` category (the same rule for every record;
     the public probe catches such an adapter before anything is charged). An exception of the
-    adapter stops the run (a machinery fault, GEPA's own contract), quoting no record.
+    adapter on a record scores 0 in the public ``error`` category (``ScoredTask``), its text in
+    the run's ``operator/errors.log`` only.
     """
 
     def __init__(
