@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
                     **settings,
                     **dp_settings,
                 )
-                plan = optimizer.plan(student, private, show=False)
+                plan = optimizer.plan(student, private, dataset_size=len(private), show=False)  # expected N
                 engine_calls = engine.usage.calls if hasattr(engine, "usage") else None
                 t0 = time.perf_counter()
                 compiled = optimizer.compile(student, private)

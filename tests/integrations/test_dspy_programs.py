@@ -170,6 +170,12 @@ def test_the_plan_states_the_cost_before_anything_is_charged(tmp_path, capsys) -
     assert plan.epsilon <= RUN["epsilon"] + 1e-9 and plan.seconds_per_call >= 0
     printed = capsys.readouterr().out
     assert "program calls on private examples" in printed and "epsilon" in printed
+    # the plan never reads how many private examples there are: without a public N it is refused
+    undeclared = optimizer(tmp_path, lm=mood_lm(MoodEngine()), dataset_size=None)
+    with pytest.raises(ConfigError, match="dataset_size: the plan needs a public N"):
+        undeclared.plan(Classifier(), records())
+    expected = undeclared.plan(Classifier(), records(), dataset_size=RUN["dataset_size"], show=False)
+    assert expected.private_calls == pytest.approx(plan.private_calls)
     # the compile then spends what the plan said: its ledger is the plan's
     dpes.compile(Classifier(), trainset=records())
     assert dpes.outcome.result.epsilon == pytest.approx(plan.epsilon, rel=1e-6)

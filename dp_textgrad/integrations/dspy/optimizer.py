@@ -291,24 +291,36 @@ class DPES(Teleprompter):
             silencer=silencer,
         )
 
-    def plan(self, student: Any, trainset: Sequence[Any], *, show: bool = True) -> CompilePlan:
+    def plan(
+        self, student: Any, trainset: Sequence[Any], *, dataset_size: int | None = None, show: bool = True
+    ) -> CompilePlan:
         """What :meth:`compile` would spend, stated before anything is charged (:class:`CompilePlan`):
         the schedule, the calibrated noise, epsilon under each accountant, the expected private
         program calls and the expected wall time, timed on one PUBLIC call (``public_trainset[0]``
         through the program; without public examples, the seed prompt on one public call of the LM).
 
-        No private example is read: the plan uses how many examples ``trainset`` holds (the run
-        itself never releases that number: it releases a DP count, or a ``dataset_size`` you
-        declare). The plan is for you, the data owner, before the compile. ``show``: print it."""
+        No private example is read and nothing is computed from how many ``trainset`` holds (that
+        number is private: a run releases a DP count of it, or the N you declare); ``trainset`` is
+        only checked, as compile checks it. The plan needs a public N: ``DPES(..., dataset_size=N)``
+        (the run then spends nothing on counting N) or, for a run that counts N with DP, the N you
+        expect, ``plan(..., dataset_size=N)``. ``show``: print it."""
         import time
 
         from dp_textgrad.dp_es.plan import RunPlan, resolve_sampling_rate
         from dp_textgrad.privacy.accounting.bounds import default_accountants
 
         prepared = self._prepared(student, trainset, None)
-        size = self.config.dataset_size or len(prepared.private)
         config = self.config
-        if config.dataset_size is None:  # as the run will: N from its DP count, here the owner's count
+        size = config.dataset_size if config.dataset_size is not None else dataset_size
+        if size is None:
+            raise ConfigError(
+                "dataset_size: the plan needs a public N and never reads how many private examples trainset "
+                "holds; declare it, DPES(..., dataset_size=N) (the run then spends nothing on counting N), or "
+                "pass plan(..., dataset_size=N) with the N you expect the run's DP count to give"
+            )
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"dataset_size: a whole number >= 1, got {size!r}")
+        if config.dataset_size is None:  # as the run will: N from its DP count, here the expected one
             config = config.model_copy(update={"counted_dataset_size": size})
         config = resolve_sampling_rate(config.resolved())
         q, k, t = config.resolved_sampling_rate, config.population, config.generations
