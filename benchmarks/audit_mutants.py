@@ -1,12 +1,16 @@
 """Mutant-kill table: each privacy bug patched into the real code, audited by ``audit_scorer``
 (the real scorer, per channel), ``audit_controller_loop`` (the whole controller at q < 1) and
-``audit_voting`` (the teacher vote: keyed partition, charge, histogram, GNMax / confident GNMax).
+``audit_voting`` (the teacher vote: keyed partition, charge, histogram, GNMax / confident GNMax)
+and ``audit_token_voting`` (the token vote of DP answers: charge, partition, teacher prompts, public
+candidates, votes, release).
 
     python benchmarks/audit_mutants.py            # prints the markdown table for docs/audit.md
     python benchmarks/audit_mutants.py --voting   # the voting rows alone (seconds)
+    python benchmarks/audit_mutants.py --tokens   # the token-vote rows alone (about a minute)
 
 Each mutant is a context manager that patches the library's own code (not a copy);
-``tests/audit/mechanism_audits/test_dp_scorer_mutants.py`` and ``test_voting_mutants.py`` use the
+``tests/audit/mechanism_audits/test_dp_scorer_mutants.py``, ``test_voting_mutants.py`` and
+``test_token_voting_mutants.py`` use the
 same mutants and settings and fail if a mutant passes or the correct code is flagged. Seeded
 (insecure noise): deterministic.
 """
@@ -26,10 +30,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # measure this checkout when run as a script
 
 from dp_textgrad.audit import audit_controller_loop, audit_scorer  # noqa: E402
+from dp_textgrad.audit.mechanism_audits.token_voting import audit_token_voting  # noqa: E402
 from dp_textgrad.audit.mechanism_audits.voting import audit_voting  # noqa: E402
+from dp_textgrad.dp_es import dp_answers  # noqa: E402
 from dp_textgrad.dp_es import scorer as scorer_module  # noqa: E402
 from dp_textgrad.dp_es import scoring_backends as scoring_module  # noqa: E402
-from dp_textgrad.privacy import mechanisms, voting  # noqa: E402
+from dp_textgrad.privacy import mechanisms, token_voting, voting  # noqa: E402
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset  # noqa: E402
 
 # A small rate q makes the amplified claim far below what an always-sampled canary shows, so
@@ -194,6 +200,85 @@ VOTING_CAUGHT = {
 }
 
 
+# The token vote of DP answers: one token per answer, every teacher votes (q = 1). Row "b": "a" leads
+# by 6 of 8 votes on D, the canary moves its teacher's vote a -> b. Row "c": the canary's answer is a
+# token no public source proposes (correct code never releases it). Claims at delta = 1e-3, as above.
+TOKEN_SETTINGS = {
+    "b": dict(canary_answer="b", teachers=8, sigma=3.0, lead=6, runs=8000, delta=1e-3),
+    "c": dict(canary_answer="c", teachers=8, sigma=3.0, lead=6, runs=8000, delta=1e-3),
+}
+
+
+def run_token_audit(name: str):
+    """The audit of row ``name`` of :data:`TOKEN_SETTINGS`."""
+    return audit_token_voting(**TOKEN_SETTINGS[name])
+
+
+@contextlib.contextmanager
+def token_half_noise() -> Iterator[None]:
+    """The released token's noise std x 0.5 (the charge is the declared sigma's)."""
+    release = token_voting.TokenGNMax.release
+
+    def half(self, histogram, noise):
+        return release(token_voting.TokenGNMax(0.5 * self.sigma, self.max_tokens, self.sampling_rate), histogram,
+                       noise)
+
+    with mock.patch.object(token_voting.TokenGNMax, "release", half):
+        yield
+
+
+@contextlib.contextmanager
+def token_votes_counted_twice() -> Iterator[None]:
+    """Sensitivity x 2: every vote adds 2 to its candidate's count."""
+    histograms = token_voting.vote_histograms
+    with mock.patch.object(token_voting, "vote_histograms", lambda *args, **kwargs: 2.0 * histograms(*args, **kwargs)):
+        yield
+
+
+@contextlib.contextmanager
+def token_charge_skipped() -> Iterator[None]:
+    """The answers are voted without charging the ledger."""
+    with mock.patch.object(token_voting, "_charge", lambda *args, **kwargs: None):
+        yield
+
+
+@contextlib.contextmanager
+def private_token_candidate() -> Iterator[None]:
+    """The candidate set takes the answers the teachers' prompts show (private records), not
+    public sources alone."""
+    candidates = dp_answers.TeacherAnswers.candidates
+
+    def leaky(self, answer):
+        shown = [line.split("Output:", 1)[1].strip() for prefix in self._prefixes if prefix is not None
+                 for line in prefix.splitlines() if "Output:" in line and line.split("Output:", 1)[1].strip()]
+        return [*candidates(self, answer), *dict.fromkeys(shown)]
+
+    with mock.patch.object(dp_answers.TeacherAnswers, "candidates", leaky):
+        yield
+
+
+TOKEN_MUTANTS = {"correct": correct, "noise std x 0.5": token_half_noise,
+                 "votes counted twice": token_votes_counted_twice, "charge skipped": token_charge_skipped,
+                 "partition by position": partition_by_position,
+                 "private token in the candidate set": private_token_candidate}
+# Row "c" sees only the leaky candidate set: with public candidates its canary moves no vote.
+TOKEN_CAUGHT = {
+    "b": ("noise std x 0.5", "votes counted twice", "charge skipped", "partition by position"),
+    "c": ("private token in the candidate set",),
+}
+
+
+def token_table() -> str:
+    rows = ["| mechanism | code | flagged | runs (members) | eps_lb | claim | eps_lb / claim |",
+            "|---|---|---|---|---|---|---|"]
+    for name, settings in TOKEN_SETTINGS.items():
+        for label in ("correct", *TOKEN_CAUGHT[name]):
+            with TOKEN_MUTANTS[label]():
+                result = run_token_audit(name)
+            rows.append(_row(f"token vote, canary answer {name!r} (delta = {settings['delta']:g})", label, result))
+    return "\n".join(rows)
+
+
 def _row(label: str, code: str, result) -> str:
     ratio = f"{result.eps_lb / result.claimed_epsilon:.2f}" if result.claimed_epsilon > 0 else "-"
     return (f"| {label} | {code} | {'**yes**' if result.violation else 'no'} | {result.runs_per_arm} | "
@@ -208,7 +293,7 @@ def table() -> str:
             with mutant():
                 result = run_audit(name)
             rows.append(_row(f"{name} (q = {settings['sampling_rate']:g})", label, result))
-    return "\n".join(rows) + "\n\n" + voting_table()
+    return "\n".join(rows) + "\n\n" + voting_table() + "\n\n" + token_table()
 
 
 def voting_table() -> str:
@@ -224,5 +309,10 @@ def voting_table() -> str:
 
 if __name__ == "__main__":
     started = time.perf_counter()
-    print(voting_table() if sys.argv[1:] == ["--voting"] else table())
+    if sys.argv[1:] == ["--voting"]:
+        print(voting_table())
+    elif sys.argv[1:] == ["--tokens"]:
+        print(token_table())
+    else:
+        print(table())
     print(f"\n({time.perf_counter() - started:.0f} s)")

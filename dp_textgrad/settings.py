@@ -65,7 +65,7 @@ class TaskSection(Section):
     public_inputs: Path | None = Field(
         None,
         description="public unlabelled inputs (.txt: one per line; .jsonl/.csv/.tsv: a text column) that "
-        "dp.labelling gives DP labels to",
+        "dp.labelling gives DP labels (classification) or DP answers (generation) to",
     )
     public_inputs_column: str | None = Field(
         None, min_length=1, description="the text column of a .jsonl/.csv/.tsv public_inputs file (default: text)"
@@ -169,11 +169,6 @@ class TaskSection(Section):
 
     def _check_public_inputs(self) -> None:
         pooled = "public_inputs" in self.options
-        if self.kind == "generate" and (self.public_inputs is not None or pooled):
-            raise ValueError(
-                "public_inputs: teacher votes label classification tasks; generation tasks are not supported yet "
-                "(drop task.public_inputs)"
-            )
         if self.public_inputs_column is not None and self.public_inputs is None:
             raise ValueError("public_inputs_column: names a column of task.public_inputs, which is not given")
         if self.public_inputs is not None and pooled:
@@ -236,7 +231,7 @@ class TaskSection(Section):
         if pool is not None:
             import dataclasses
 
-            # Public unlabelled inputs ride on the built task (classification only: the validator).
+            # Public unlabelled inputs ride on the built task (labels or answers for dp.labelling).
             task = dataclasses.replace(task, public_inputs=pool)  # type: ignore[type-var]
         return task
 
@@ -455,10 +450,6 @@ class OptimizeSettings(Section):
                     "GGUF (engine.model; engine.options.instruction_following: true)"
                 )
         if self.dp.labelling is not None:
-            if self.task.kind == "generate":
-                raise ValueError(
-                    "dp.labelling: teacher votes label classification tasks; generation tasks are not supported yet"
-                )
             if self.task.public_inputs is None and not self.task.options.get("public_inputs"):
                 raise ValueError(
                     "dp.labelling: needs public unlabelled inputs to label; give a file of them "

@@ -101,16 +101,18 @@ def test_labelling_with_privacy_off_is_refused(tmp_path) -> None:
         load(path)
 
 
-def test_a_generation_task_with_public_inputs_is_refused_naming_the_field(tmp_path) -> None:
-    with pytest.raises(ValueError, match="public_inputs: teacher votes label classification tasks; generation "
-                                         "tasks are not supported yet"):
-        TaskSection(kind="generate", train=tmp_path / "a.jsonl", test=tmp_path / "b.jsonl",
-                    public_inputs=tmp_path / "pool.txt")
-    with pytest.raises(ValueError, match="public_inputs: teacher votes label classification tasks"):
-        TaskSection(name="support_extract", options={"public_inputs": 8})
-    # dp.labelling on a generation task without a pool: the same reason, named on dp.labelling.
+def test_a_generation_task_takes_public_inputs_for_dp_answers(tmp_path) -> None:
+    (tmp_path / "pool.txt").write_text("first request\nsecond request\n", encoding="utf-8")
+    section = TaskSection(kind="generate", train=tmp_path / "a.jsonl", test=tmp_path / "b.jsonl",
+                          public_inputs=tmp_path / "pool.txt")
+    assert section.public_input_count() == 2
+    settings = build_settings({"task": {"name": "support_extract", "options": {"public_inputs": 3}},
+                               "dp": {"labelling": {"queries": 2}}}, {})
+    assert settings.task.public_input_count() == 3
+    assert len(settings.task.build().public_inputs) == 3
+    # dp.labelling on a generation task without a pool: refused, naming where the pool comes from.
     raw = {"task": {"kind": "generate", "train": "a.jsonl", "test": "b.jsonl"}, "dp": {"labelling": {}}}
-    with pytest.raises(ConfigError, match="dp.labelling: teacher votes label classification tasks"):
+    with pytest.raises(ConfigError, match=r"dp.labelling: needs public unlabelled inputs.*task.public_inputs"):
         build_settings(raw, {})
 
 

@@ -390,7 +390,7 @@ class EventRecorder:
 
 def run_generation_twin(root: Path, records: Sequence, settings: dict, *, metric: str = "exact",
                         engine_factory: Callable[[], ScriptedEngine] = LengthTimedGenerator,
-                        coupled_extra_records: int = 0) -> Capture:
+                        coupled_extra_records: int = 0, task_overrides: dict | None = None) -> Capture:
     """One ``dp_textgrad.optimize`` run of a generation task on ``records``; stdout, stderr and the
     observers' event stream are released channels too. ``coupled_extra_records``: this run is
     the twin with the long record (its size count and failure histogram coupled to the other's)."""
@@ -407,8 +407,8 @@ def run_generation_twin(root: Path, records: Sequence, settings: dict, *, metric
         name="cities", description="Messages about orders; the answer is the city the order went to.",
         private_train=PrivateDataset(list(records)), test=generation_records(8, 100),
         metric=JudgeMetric(engine) if metric == "judge" else metric_from_name(metric),
-        public_examples=generation_records(4, 200), record_template=GEN_TEMPLATE, max_new_tokens=256,
-        seed_prompt="Read the message.")
+        **{"public_examples": generation_records(4, 200), "record_template": GEN_TEMPLATE, "max_new_tokens": 256,
+           "seed_prompt": "Read the message.", **(task_overrides or {})})
     recorder = EventRecorder()
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as coupling, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

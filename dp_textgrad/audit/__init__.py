@@ -50,6 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "mechanism_audits.selection": ("audit_exponential", "audit_gumbel_topk"),
     "mechanism_audits.suite": ("run_mechanism_audits",),
     "mechanism_audits.trials": ("MechanismAuditResult",),
+    "mechanism_audits.token_voting": ("audit_token_voting",),
     "mechanism_audits.voting": ("audit_voting",),
     "membership.inference": (
         "ATTACKS",

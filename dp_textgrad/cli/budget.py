@@ -251,9 +251,7 @@ def _run_file_config(
         dp = dp.model_copy(update={"delta": dp.delta if dp.delta is not None else DEFAULT_DELTA})
     else:
         dp = resolve_sampling_rate(dp.resolved())
-    task = settings.task
-    max_new_tokens = getattr(task, "max_new_tokens", None) if getattr(task, "kind", None) == "generate" else None
-    return dp, max_new_tokens
+    return dp, _answer_token_cap(settings)
 
 
 def _print_forecast(plan, margin: float, max_new_tokens: int | None) -> None:
@@ -340,24 +338,67 @@ def _planned_labelling(
         ]
         raise ConfigError("; ".join(problems)) from None
     pool = settings.task.public_input_count() if settings is not None else None
+    tokens = _answer_token_cap(settings)
+    if dataset_size is None and settings is not None and tokens is not None:
+        dataset_size = settings.dp.dataset_size  # a generation task's answers need N for their default rate
     if labelling.queries is None:
         assert settings is not None  # (no run file: --labelling-queries was required above)
-        resolved = labelling.resolved(pool or 0, dataset_size or 0)
+        resolved = labelling.resolved(pool or 0, dataset_size or 0, generation_tokens=tokens)
         labelling = labelling.model_copy(update={"queries": resolved.queries})
     elif pool is not None:
-        labelling.resolved(pool, dataset_size or 0)  # its check: no more queries than public inputs
-    if labelling.teachers is None and dataset_size is not None:
-        labelling = labelling.resolved(labelling.queries or 0, dataset_size)
+        # its checks: no more queries than public inputs, and the keys fit the task's family
+        labelling.resolved(pool, dataset_size or 0, generation_tokens=tokens)
+    if dataset_size is not None:
+        labelling = labelling.resolved(labelling.queries or 0, dataset_size, generation_tokens=tokens)
+    elif tokens is not None and (labelling.teachers is None or labelling.sampling_rate is None):
+        raise ConfigError(
+            "dp.labelling.sampling_rate: a generation task's DP answers subsample the private records at a rate "
+            "that defaults from N, and N is not declared; give --dataset-size (or dataset_size in the run file), or "
+            "dp.labelling.teachers and dp.labelling.sampling_rate"
+        )
+    elif tokens is not None:
+        labelling = labelling.resolved(labelling.queries or 0, 0, generation_tokens=tokens)
     return labelling
+
+
+def _answer_token_cap(settings: Any) -> int | None:
+    """The run file's generation task's ``max_new_tokens`` (a built-in task's without building it),
+    or None for a classification task or without a run file."""
+    if settings is None or settings.task.kind != "generate":
+        return None
+    if settings.task.name is not None:
+        from dp_textgrad.tasks.registry import generation_token_cap
+
+        return generation_token_cap(settings.task.name, settings.task.options)
+    return int(settings.task.max_new_tokens)
 
 
 def _print_labelling(plan, delta: float) -> None:
     """The labelling phase's line: its mechanism, queries, teachers and its own epsilon."""
     from dp_textgrad.privacy.accounting.bounds import format_epsilon
 
+    from dp_textgrad.dp_es.config import DEFAULT_TEACHER_DEMOS
+
     settings = plan.config.labelling
     sigma = plan.labelling_sigma
     alone = plan.labelling_epsilons(delta)
+    if settings.answers:
+        console.print(
+            f"Labelling phase (before the search): DP answers voted token by token (GNMax over the public model's "
+            f"top {settings.candidates} tokens"
+            + (" and the input's own" if settings.copy_input else "")
+            + f"), vote noise sigma = {sigma:.4g} votes, {settings.queries} public inputs (queries) of at most "
+            f"{settings.max_answer_tokens} tokens each (every token charged), {settings.teachers} teachers of up to "
+            f"{settings.max_demos} demonstrations from a {settings.sampling_rate:.3g} subsample per answer; its own "
+            f"epsilon {format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, smallest "
+            "accountant); the search is calibrated so that answers and search composed fit the rest"
+        )
+        from dp_textgrad.dp_es.labelling_phase import noise_warning
+
+        warning = noise_warning(sigma, settings.teachers)
+        if warning is not None:
+            console.print(f"Warning: {warning}.")
+        return
     threshold = (
         f"confident GNMax (threshold {settings.threshold:g} votes, threshold noise {settings.threshold_sigma:g})"
         if settings.threshold is not None
@@ -370,7 +411,7 @@ def _print_labelling(plan, delta: float) -> None:
     )
     console.print(
         f"Labelling phase (before the search): {threshold}, vote noise sigma = {sigma:.4g} votes, "
-        f"{settings.queries} public inputs (queries), {teachers}, up to {settings.max_demos} demonstrations "
+        f"{settings.queries} public inputs (queries), {teachers}, up to {settings.max_demos or DEFAULT_TEACHER_DEMOS} demonstrations "
         f"each; its own epsilon {format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, "
         "smallest accountant); the search is calibrated so that labelling and search composed fit the rest"
     )

@@ -206,12 +206,23 @@ class ConsoleDisplay:
         )
         if cfg.labelling is not None:  # public settings (teachers: given, or from the declared or counted N)
             lab = cfg.labelling
-            kind = "confident GNMax" if lab.threshold is not None else "GNMax"
-            console.print(
-                f"[bold]Labelling[/]: {lab.queries} public inputs labelled first by a noisy vote ({kind}) of "
-                f"{lab.teachers} teachers, each showing up to {lab.max_demos} of its own private records; "
-                f"calibrated to {lab.epsilon_share:g} of epsilon, composed with the search (labels.json)."
-            )
+            if lab.answers:
+                console.print(
+                    f"[bold]Labelling[/]: {lab.queries} public inputs answered first, token by token, by a noisy "
+                    f"vote (GNMax over the public model's top {lab.candidates} tokens"
+                    + (" and the input's own" if lab.copy_input else "")
+                    + f") of {lab.teachers} teachers, each showing up to {lab.max_demos} private records of its own "
+                    f"from a {lab.sampling_rate:.3g} subsample per answer; at most {lab.max_answer_tokens} tokens, "
+                    f"all charged; calibrated to {lab.epsilon_share:g} of epsilon, composed with the search "
+                    "(labels.json)."
+                )
+            else:
+                kind = "confident GNMax" if lab.threshold is not None else "GNMax"
+                console.print(
+                    f"[bold]Labelling[/]: {lab.queries} public inputs labelled first by a noisy vote ({kind}) of "
+                    f"{lab.teachers} teachers, each showing up to {lab.max_demos} of its own private records; "
+                    f"calibrated to {lab.epsilon_share:g} of epsilon, composed with the search (labels.json)."
+                )
             from dp_textgrad.dp_es.labelling_phase import noise_warning
             from dp_textgrad.dp_es.plan import RunPlan
 
@@ -286,8 +297,9 @@ def print_outcome(console: Console, outcome) -> None:
         )
     labelling = getattr(result, "labelling", None)
     if labelling:  # DP outputs and public parameters only (labels.json)
+        what = "DP answers" if labelling.get("mechanism") == "token_gnmax" else "DP labels"
         console.print(
-            f"[bold]DP labels[/]: {labelling['answered']} of {labelling['queries']} public inputs answered by "
+            f"[bold]{what}[/]: {labelling['answered']} of {labelling['queries']} public inputs answered by "
             f"the teachers' vote (epsilon {epsilon_text(labelling['epsilon'], 3)} alone); they were the "
             "search's demonstrations."
         )

@@ -23,6 +23,11 @@ DEFAULT_EXPECTED_BATCH = 150
 AUTO_RECORDS_PER_GENERATION = 600
 DEFAULT_LABELLING_QUERIES = 16
 DEFAULT_LABELLING_SHARE = 0.5
+DEFAULT_MAX_ANSWER_TOKENS = 32
+DEFAULT_TEACHER_DEMOS = 6
+# Generation teachers show fewer records each: the vote's margin is the number of teachers, and on the
+# built-in extraction task two demonstrations already let a teacher copy the answer (docs/benchmarks.md).
+DEFAULT_ANSWER_DEMOS = 2
 # The default delta when N is not declared: it must not depend on the private count.
 DEFAULT_DELTA = 1e-5
 
@@ -95,7 +100,34 @@ class LabellingConfig(BaseModel):
     threshold_sigma: float | None = Field(
         None, gt=0, description="confident GNMax: the noise of the threshold step (in votes); with threshold"
     )
-    max_demos: int = Field(6, ge=1, le=64, description="demonstrations of its own group in a teacher's prompt")
+    max_demos: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=f"demonstrations of its own group in a teacher's prompt; default {DEFAULT_TEACHER_DEMOS} "
+        f"(classification) or {DEFAULT_ANSWER_DEMOS} (generation: more teachers from the same records)",
+    )
+    # -- generation tasks: DP answers voted token by token (dp_textgrad.privacy.token_voting) --------
+    max_answer_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="generation tasks: the public cap on a DP answer's tokens (every step up to it is charged); "
+        f"default the task's max_new_tokens, at most {DEFAULT_MAX_ANSWER_TOKENS}",
+    )
+    candidates: int = Field(
+        16, ge=1, le=256, description="generation tasks: the public model's most likely next tokens a step votes over"
+    )
+    copy_input: bool = Field(
+        True, description="generation tasks: the public input's own tokens are candidates too (extraction)"
+    )
+    sampling_rate: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="generation tasks: each answer's teachers split a fresh Poisson subsample of the private "
+        "records at this rate (amplification by subsampling); default min(1, teachers x max_demos / N)",
+    )
 
     @field_validator("epsilon_share")
     @classmethod
@@ -115,9 +147,34 @@ class LabellingConfig(BaseModel):
             raise ValueError(f"threshold must be a finite number of votes, got {self.threshold}")
         return self
 
-    def resolved(self, public_inputs: int, dataset_size: int) -> LabellingConfig:
+    @property
+    def answers(self) -> bool:
+        """Whether the phase answers a generation task (token votes) rather than labelling."""
+        return self.max_answer_tokens is not None
+
+    def resolved(
+        self, public_inputs: int, dataset_size: int, *, generation_tokens: int | None = None
+    ) -> LabellingConfig:
         """A copy with ``queries`` and ``teachers`` filled in from public values: the number of
-        public inputs and the public N (declared, or the DP count)."""
+        public inputs and the public N (declared, or the DP count). ``generation_tokens``: the
+        task's ``max_new_tokens`` for a generation task (None: a classification task); it fills
+        ``max_answer_tokens`` and ``sampling_rate``."""
+        # Non-default values, not model_fields_set: a configuration dumped and read back sets every field.
+        generation_only = [
+            name
+            for name in ("max_answer_tokens", "candidates", "copy_input", "sampling_rate")
+            if getattr(self, name) != type(self).model_fields[name].default
+        ]
+        if generation_tokens is None and generation_only:
+            raise ValueError(
+                f"dp.labelling.{generation_only[0]}: applies to generation tasks (DP answers), and this task "
+                "classifies; remove it"
+            )
+        if generation_tokens is not None and (self.threshold is not None or self.threshold_sigma is not None):
+            raise ValueError(
+                "dp.labelling.threshold: confident GNMax labels classification tasks; a generation task's answers "
+                "are voted token by token (remove threshold and threshold_sigma)"
+            )
         if public_inputs < 1:
             raise ValueError(
                 "task.public_inputs: dp.labelling needs public unlabelled inputs to label; give a file of "
@@ -130,7 +187,23 @@ class LabellingConfig(BaseModel):
                 "inputs; lower queries or add public inputs"
             )
         teachers = default_teachers(dataset_size) if self.teachers is None else self.teachers
-        return self.model_copy(update={"queries": queries, "teachers": teachers})
+        demos = self.max_demos
+        if demos is None:
+            demos = DEFAULT_TEACHER_DEMOS if generation_tokens is None else DEFAULT_ANSWER_DEMOS
+        update: dict[str, Any] = {"queries": queries, "teachers": teachers, "max_demos": demos}
+        if generation_tokens is not None:
+            if self.max_answer_tokens is None:
+                update["max_answer_tokens"] = max(1, min(int(generation_tokens), DEFAULT_MAX_ANSWER_TOKENS))
+            if self.sampling_rate is None:
+                update["sampling_rate"] = default_answer_sampling_rate(teachers, demos, dataset_size)
+        return self.model_copy(update=update)
+
+
+def default_answer_sampling_rate(teachers: int, max_demos: int, dataset_size: int) -> float:
+    """The default subsampling rate of a DP answer: enough records for every teacher to show
+    ``max_demos`` on average (q N = teachers x max_demos), at most 1. Fewer records per answer buy
+    amplification by subsampling: a smaller noise for the same epsilon."""
+    return float(min(1.0, teachers * max_demos / max(1, dataset_size)))
 
 
 def default_teachers(dataset_size: int) -> int:

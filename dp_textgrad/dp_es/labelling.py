@@ -47,6 +47,7 @@ from dp_textgrad.privacy.data import PrivateBatch
 from dp_textgrad.privacy.validation import positive_int
 from dp_textgrad.privacy.voting import LabellingPlan, Vote, label_by_vote, partition_teachers, record_bytes
 from dp_textgrad.tasks.base import ClassificationTask, Example
+from dp_textgrad.tasks.generation import GenerationTask
 from dp_textgrad.tasks.loaders import DEFAULT_ENCODING, MAX_RECORD_CHARS, load_classification_file
 from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors
 
@@ -142,15 +143,17 @@ def _demo_rank(record: Example, order_key: bytes) -> bytes:
 
 
 def teacher_demos(
-    task: ClassificationTask, group: PrivateBatch[Example], max_demos: int, key: bytes | None = None
+    task: ClassificationTask | GenerationTask, group: PrivateBatch[Example], max_demos: int, key: bytes | None = None
 ) -> list[Example]:
     """The demonstrations of one teacher: up to ``max_demos`` of its records, spread evenly over
     ``task.labels`` (round robin in label order, each label's records in keyed-hash order), shown
-    in keyed-hash order. A function of the group's records (a set) and ``key`` alone.
+    in keyed-hash order; for a generation task (no labels), its first records in keyed-hash order. A function of the group's records (a set) and ``key`` alone.
     Call only from a DP mechanism (it reads private records)."""
     max_demos = positive_int(max_demos, "max_demos")
     order_key = _order_key(key)
     ranked = sorted(((_demo_rank(rec.unwrap(), order_key), rec.unwrap()) for rec in group), key=lambda p: p[0])
+    if not task.labels:  # a generation task: no labels to balance, the first records in keyed-hash order
+        return [record for _, record in ranked[:max_demos]]
     queues: dict[str, list[tuple[bytes, Example]]] = {label: [] for label in task.labels}
     for rank, record in ranked:
         if record.label in queues:
@@ -163,7 +166,7 @@ def teacher_demos(
     return [record for _, record in sorted(chosen, key=lambda p: p[0])]
 
 
-def compose_prompt(task: ClassificationTask, prompt: str, demos: Sequence[Example]) -> str:
+def compose_prompt(task: ClassificationTask | GenerationTask, prompt: str, demos: Sequence[Example]) -> str:
     """``prompt`` followed by ``demos`` rendered as demonstrations, blank lines between."""
     parts = [prompt.strip()] if prompt.strip() else []
     parts += [task.render_demo(example) for example in demos]
@@ -171,7 +174,7 @@ def compose_prompt(task: ClassificationTask, prompt: str, demos: Sequence[Exampl
 
 
 def teacher_prompt(
-    task: ClassificationTask,
+    task: ClassificationTask | GenerationTask,
     group: PrivateBatch[Example],
     prompt: str,
     max_demos: int,

@@ -24,8 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from dp_textgrad import runs
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig, LabellingConfig
+from dp_textgrad.dp_es.dp_answers import dp_answers
 from dp_textgrad.dp_es.labelling import LEDGER_LABEL, DPLabelled, dp_labels
+from dp_textgrad.privacy.token_voting import AnsweringPlan
 from dp_textgrad.tasks.base import ClassificationTask, Example, Task
+from dp_textgrad.tasks.generation import GenerationExample, GenerationTask
 
 if TYPE_CHECKING:
     from dp_textgrad.privacy.accounting.ledger import PrivacyLedger
@@ -49,18 +52,22 @@ def check_task(config: DPESConfig, task: Task) -> None:
     settings = config.labelling
     if settings is None:
         return
-    if not isinstance(task, ClassificationTask):
+    if not isinstance(task, (ClassificationTask, GenerationTask)):
         raise ConfigError(
-            "labelling: teachers vote labels of a classification task; generation tasks have no labelling "
-            "phase yet (remove dp.labelling, or give public examples)"
+            "labelling: teachers vote labels of a classification task or answers of a generation task; "
+            f"{type(task).__name__} is neither (remove dp.labelling)"
         )
-    try:
-        settings.resolved(len(task.public_inputs), 1)  # its checks of the pool (N only sets the teachers)
+    try:  # its checks of the pool and of the keys (N only sets the teachers)
+        settings.resolved(len(task.public_inputs), 1, generation_tokens=_generation_tokens(task))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
 
-def check_engine(config: DPESConfig, engine: Any) -> None:
+def _generation_tokens(task: Task) -> int | None:
+    return int(task.max_new_tokens) if isinstance(task, GenerationTask) else None
+
+
+def check_engine(config: DPESConfig, engine: Any, task: Task | None = None) -> None:
     """Refuse, before any charge, a labelling phase on an engine that does not declare that its
     scores are independent of its earlier calls (``deterministic_scores``).
 
@@ -69,7 +76,11 @@ def check_engine(config: DPESConfig, engine: Any) -> None:
     prompt prefixes across requests or batches them together, where floating-point results
     follow the batch) would let one record move several teachers' votes. The local llama.cpp
     engine declares the property and its tests check it bit for bit."""
-    if config.labelling is None or bool(getattr(engine, "deterministic_scores", False)):
+    if config.labelling is None:
+        return
+    if bool(getattr(engine, "deterministic_scores", False)):
+        if config.labelling.answers or isinstance(task, GenerationTask):
+            _check_token_views(engine)
         return
     raise ConfigError(
         f"labelling: the engine {type(engine).__name__} does not declare that its scores are independent of "
@@ -79,20 +90,40 @@ def check_engine(config: DPESConfig, engine: Any) -> None:
     )
 
 
+def _check_token_views(engine: Any) -> None:
+    """The token vote asks the engine for its next-token candidates and the input's tokens."""
+    from dp_textgrad.engines.base import Engine
+
+    for name in ("top_next_pieces", "text_pieces"):
+        method = getattr(type(engine), name, None)
+        if method is None or method is getattr(Engine, name, None):
+            raise ConfigError(
+                f"labelling: DP answers are voted token by token and the engine {type(engine).__name__} cannot "
+                f"list its next tokens ({name}); run the labelling phase on the local llama.cpp engine "
+                "(engine.kind: llama_cpp), or remove dp.labelling"
+            )
+
+
 def resolved_config(config: DPESConfig, task: Task) -> DPESConfig:
     """``config`` with its labelling phase's ``queries`` and ``teachers`` filled in from public
     values (the number of public inputs, the declared or counted N); unchanged without a phase or
     when already filled in (a resumed run, whose phase may be done: then no public input is needed).
     The caller has checked the task (:func:`check_task`, before any charge)."""
     settings = config.labelling
-    if settings is None or (settings.queries is not None and settings.teachers is not None):
+    if settings is None:
+        return config
+    filled = settings.queries is not None and settings.teachers is not None and settings.max_demos is not None
+    if isinstance(task, GenerationTask):
+        filled = filled and settings.max_answer_tokens is not None and settings.sampling_rate is not None
+    if filled:
         return config
     size = config.public_dataset_size
     if size is None:
         raise ConfigError("labelling: resolve the configuration's N (declared, or the DP count) first")
     inputs = len(getattr(task, "public_inputs", ()))
     try:
-        return config.model_copy(update={"labelling": settings.resolved(inputs, size)})
+        resolved = settings.resolved(inputs, size, generation_tokens=_generation_tokens(task))
+        return config.model_copy(update={"labelling": resolved})
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -121,7 +152,7 @@ def partition_key(noise: NoiseSource) -> bytes:
 def run_labelling(
     task: Any,
     engine: Any,
-    plan: LabellingPlan,
+    plan: LabellingPlan | AnsweringPlan,
     ledger: PrivacyLedger,
     noise: NoiseSource,
     settings: LabellingConfig,
@@ -131,21 +162,37 @@ def run_labelling(
     :func:`~dp_textgrad.dp_es.labelling.dp_labels` (which checks public values, then charges,
     then lets the teachers vote). ``epsilons``: the phase's own bounds (public, for the record)."""
     inputs = list(task.public_inputs)
+    if settings.max_demos is None:
+        raise ConfigError("labelling.max_demos: not resolved yet (resolved_config fills it in for the task)")
     if len(inputs) < plan.queries:
         raise ConfigError(
             f"task.public_inputs: the plan labels {plan.queries} public inputs and the task has {len(inputs)}; "
             "give more public inputs or lower dp.labelling.queries"
         )
-    labelled = dp_labels(
-        task,
-        engine,
-        inputs[: plan.queries],
-        plan,
-        ledger,
-        noise.for_charge(LEDGER_LABEL),
-        partition_key(noise),
-        max_demos=settings.max_demos,
-    )
+    if isinstance(plan, AnsweringPlan):
+        labelled = dp_answers(
+            task,
+            engine,
+            inputs[: plan.queries],
+            plan,
+            ledger,
+            noise.for_charge(LEDGER_LABEL),
+            partition_key(noise),
+            max_demos=settings.max_demos,
+            candidates=settings.candidates,
+            copy_input=settings.copy_input,
+        )
+    else:
+        labelled = dp_labels(
+            task,
+            engine,
+            inputs[: plan.queries],
+            plan,
+            ledger,
+            noise.for_charge(LEDGER_LABEL),
+            partition_key(noise),
+            max_demos=settings.max_demos,
+        )
     metadata = {
         **labelled.metadata,
         "epsilon_share": settings.epsilon_share,
@@ -163,8 +210,20 @@ def labels_payload(labelled: DPLabelled) -> dict[str, Any]:
         "queries": labelled.queries,
         "answered": labelled.answered,
         "labels": list(labelled.labels),
-        "examples": [{"text": e.text, "label": e.label} for e in labelled.examples],
+        "examples": [_example_payload(e) for e in labelled.examples],
     }
+
+
+def _example_payload(example: Example) -> dict[str, Any]:
+    if isinstance(example, GenerationExample):  # a DP answer
+        return {"text": example.text, "reference": example.reference}
+    return {"text": example.text, "label": example.label}
+
+
+def _example_of(entry: dict[str, Any]) -> Example:
+    if "reference" in entry:
+        return GenerationExample(text=str(entry["text"]), reference=str(entry["reference"]))
+    return Example(str(entry["text"]), str(entry["label"]))
 
 
 def write_labels(run_dir: runs.RunDir | None, labelled: DPLabelled) -> None:
@@ -188,7 +247,7 @@ def read_labels(run_dir: runs.RunDir | None) -> DPLabelled | None:
         )
         return None
     data = runs.read_json(path)
-    examples = tuple(Example(str(e["text"]), str(e["label"])) for e in data.get("examples", []))
+    examples = tuple(_example_of(e) for e in data.get("examples", []))
     labels = tuple(None if v is None else str(v) for v in data.get("labels", []))
     metadata = {k: v for k, v in data.items() if k not in ("examples", "labels")}
     return DPLabelled(examples, labels, int(data["answered"]), int(data["queries"]), metadata)

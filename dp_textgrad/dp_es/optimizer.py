@@ -489,7 +489,7 @@ class DPEvolutionStrategy(EvolutionController):
             )
         if labelling_phase.charge_index(ledger) is None:
             labelling_phase.check_task(base, task)  # before any charge, the count of N's too
-            labelling_phase.check_engine(base, engine)
+            labelling_phase.check_engine(base, engine, task)
         ledger, resolved, noise, counted = size_count.stage_one(
             base, task, engine, parameters, ledger, plan, checkpoint_dir
         )

@@ -31,6 +31,7 @@ from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplie
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism, SelectionMechanism, selection_mechanism
 from dp_textgrad.privacy.voting import ConfidentGNMax, GNMax, LabellingPlan, VotingMechanism, calibrate_gnmax
+from dp_textgrad.privacy.token_voting import AnsweringPlan, TokenGNMax, calibrate_token_gnmax
 
 
 def decide_llm_operators(declared: bool | None, instruction_following: bool) -> bool:
@@ -106,6 +107,14 @@ class RunPlan:
         settings = self.config.labelling
         if settings is None or self.strategy.calibrates is None:
             return None
+        if settings.answers:
+            return _answering_sigma(
+                settings.epsilon_share * self.config.epsilon,
+                self.config.resolved_delta,
+                _resolved_queries(self.config),
+                settings.max_answer_tokens,
+                _resolved_answer_rate(settings),
+            )
         return _labelling_sigma(
             settings.epsilon_share * self.config.epsilon,
             self.config.resolved_delta,
@@ -113,13 +122,16 @@ class RunPlan:
             settings.threshold_sigma,
         )
 
-    def labelling(self, num_labels: int) -> LabellingPlan | None:
-        """The labelling phase over ``num_labels`` labels (the task's), or None when the run has none."""
+    def labelling(self, num_labels: int) -> LabellingPlan | AnsweringPlan | None:
+        """The labelling phase over ``num_labels`` labels (the task's), its answering form for a
+        generation task, or None when the run has none."""
         settings, sigma = self.config.labelling, self.labelling_sigma
         if settings is None or sigma is None:
             return None
         if settings.teachers is None:
             raise ConfigError("labelling.teachers: not resolved yet (LabellingConfig.resolved fills it from N)")
+        if settings.answers:
+            return AnsweringPlan(_answering_mechanism(settings, sigma), _resolved_queries(self.config), settings.teachers)
         return LabellingPlan(
             _voting_mechanism(settings, sigma, num_labels), _resolved_queries(self.config), settings.teachers
         )
@@ -131,6 +143,8 @@ class RunPlan:
         settings, sigma = self.config.labelling, self.labelling_sigma
         if settings is None or sigma is None:
             return None
+        if settings.answers:
+            return _answering_mechanism(settings, sigma).event(_resolved_queries(self.config))
         return _voting_mechanism(settings, sigma, 2).event(_resolved_queries(self.config))
 
     @property
@@ -405,6 +419,31 @@ def _resolved_queries(config: DPESConfig) -> int:
             "labelling.queries: not resolved yet (LabellingConfig.resolved fills it from the task's public inputs)"
         )
     return queries
+
+
+def _resolved_answer_rate(settings: LabellingConfig) -> float:
+    if settings.sampling_rate is None:
+        raise ConfigError(
+            "labelling.sampling_rate: not resolved yet (LabellingConfig.resolved fills it from N for a generation task)"
+        )
+    return settings.sampling_rate
+
+
+def _answering_mechanism(settings: LabellingConfig, sigma: float) -> TokenGNMax:
+    assert settings.max_answer_tokens is not None  # settings.answers
+    return TokenGNMax(sigma, settings.max_answer_tokens, _resolved_answer_rate(settings))
+
+
+@functools.lru_cache(maxsize=64)
+def _answering_sigma(epsilon: float, delta: float, queries: int, max_tokens: int, rate: float) -> float:
+    try:
+        return calibrate_token_gnmax(epsilon, delta, queries, max_tokens, rate)
+    except ValueError as exc:
+        raise ConfigError(
+            f"labelling: cannot fit {queries} DP answers of {max_tokens} tokens into their share epsilon={epsilon:g} "
+            f"({exc}); raise labelling.epsilon_share, or answer fewer inputs (labelling.queries) or shorter "
+            "(labelling.max_answer_tokens)"
+        ) from None
 
 
 @functools.lru_cache(maxsize=64)

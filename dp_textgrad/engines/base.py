@@ -284,6 +284,23 @@ class Engine(EngineLM):
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
         """Per-token log-probabilities of ``text`` after ``context``."""
 
+    # -- next-token views (the token vote of generated DP answers asks for these) -----
+    def top_next_pieces(self, prefix: str, suffix: str, k: int) -> list[str]:
+        """The texts of the ``k`` most likely next tokens after ``prefix + suffix``, most likely
+        first (``prefix`` and ``suffix`` split as ``score_choices_batch`` splits them). Engines
+        that can read their next-token distribution override this."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot list its most likely next tokens; the token vote of DP answers "
+            "(dp.labelling on a generation task) needs the local llama.cpp engine"
+        )
+
+    def text_pieces(self, text: str) -> list[str]:
+        """The texts of the tokens of ``text``, in order (each as it reads after the ones before)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot split text into its tokens; the token vote of DP answers "
+            "(dp.labelling on a generation task) needs the local llama.cpp engine"
+        )
+
     # -- lengths (records are bounded with these before any privacy budget is spent) ---
     @property
     def context_tokens(self) -> int | None:

@@ -604,6 +604,38 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         self._count(prompt_tokens=decoded, seconds=timer["seconds"])
         return scores
 
+    def top_next_pieces(self, prefix: str, suffix: str, k: int) -> list[str]:
+        """The ``k`` most likely next tokens' texts after ``prefix`` (BOS) + ``suffix``, most likely
+        first (ties by token id); end-of-generation and empty pieces are left out."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k: must be an integer >= 1, got {k!r}")
+        with self._lock, self._timed() as timer:
+            decoded_before = self.kv_stats.tokens_decoded
+            prefix_ids = tuple(self._tokenize(prefix, True))
+            suffix_ids = tuple(self._tokenize(suffix, False))
+            row = self._position_at(prefix_ids, suffix_ids).astype(np.float64)
+            # The best few by logit (then by id: deterministic), with room for skipped tokens.
+            top = np.argpartition(-row, min(row.size - 1, 4 * k + 16))[: 4 * k + 17]
+            order = top[np.lexsort((top, -row[top]))]
+            before = [*prefix_ids, *suffix_ids]
+            pieces: list[str] = []
+            for token in order:
+                if len(pieces) == k:
+                    break
+                if self._is_end_of_generation(int(token)):
+                    continue
+                piece = self._piece(int(token), before)
+                if piece and piece not in pieces:
+                    pieces.append(piece)
+            decoded = self.kv_stats.tokens_decoded - decoded_before
+        self._count(prompt_tokens=decoded, seconds=timer["seconds"])
+        return pieces
+
+    def text_pieces(self, text: str) -> list[str]:
+        with self._lock:
+            ids = self._tokenize(text, False)
+            return [self._piece(token, ids[:i]) for i, token in enumerate(ids)]
+
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
         with self._lock, self._timed() as timer:
             decoded_before = self.kv_stats.tokens_decoded

@@ -220,6 +220,19 @@ class ScriptedEngine(Engine):
         target = best_choice.strip() if best_choice is not None else None
         return [self._rule_strength if choice.strip() == target else 0.0 for choice in choices]
 
+    def top_next_pieces(self, prefix: str, suffix: str, k: int) -> list[str]:
+        """``k`` tokens of the context (and a newline), ranked by a hash of the context: a
+        deterministic function of ``prefix + suffix`` alone."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k: must be an integer >= 1, got {k!r}")
+        context = prefix + suffix
+        pool = sorted({*scripted_tokens(context), "\n"})
+        ranked = sorted(pool, key=lambda token: (-_unit_hash("next", context, token), token))
+        return ranked[:k]
+
+    def text_pieces(self, text: str) -> list[str]:
+        return scripted_tokens(text)
+
     def token_logprobs(self, text: str, context: str = "") -> TokenLogprobs:
         self._check_context(len(scripted_tokens(context + text)))
         with self._timed() as timer:

@@ -98,6 +98,11 @@ CHANNELS: dict[str, dict[str, str]] = {
         "threshold": PUBLIC,
         "threshold_sigma": PUBLIC,
         "max_count_sensitivity": PUBLIC,
+        # token_gnmax (generation tasks: DP answers voted token by token), its public settings
+        "max_tokens": PUBLIC,  # the cap on an answer's tokens, every step charged
+        "sampling_rate": PUBLIC,  # the Poisson subsample rate of each answer's teachers
+        "candidates": PUBLIC,  # the public model's top tokens per step
+        "copy_input": PUBLIC,  # the public input's tokens are candidates too
         "queries": PUBLIC,  # the public inputs asked (the first ones of the public pool)
         "teachers": PUBLIC,  # settings (or the default from the declared or DP-counted N)
         "max_demos": PUBLIC,
@@ -106,7 +111,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "epsilons": PUBLIC,
         "ledger_label": PUBLIC,
         "inputs": PUBLIC,  # the public inputs asked, in order
-        "labels": DP_OUTPUT,  # per input: the noisy vote's label, or None (not answered)
+        "labels": DP_OUTPUT,  # per input: the noisy vote's label or answer, or None (not answered)
         "answered": DP_OUTPUT,  # how many inputs got a label: a function of the labels
         "examples": DP_OUTPUT,  # the answered inputs with their labels
     },

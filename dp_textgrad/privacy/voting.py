@@ -95,7 +95,7 @@ def teacher_of(record: object, key: bytes, teachers: int) -> int:
     return int.from_bytes(mac.digest(), "big") % teachers
 
 
-def _assign(dataset: PrivateDataset[Any], key: bytes, teachers: int) -> list[int]:
+def _assign(dataset: PrivateDataset[Any] | PrivateBatch[Any], key: bytes, teachers: int) -> list[int]:
     """Each record's teacher, in dataset order (the only place the partition is decided)."""
     return [teacher_of(record.unwrap(), key, teachers) for record in dataset]
 
@@ -139,8 +139,10 @@ class TeacherPartition(Generic[T]):
         raise PrivateDataError("teacher partitions cannot be pickled or checkpointed")
 
 
-def partition_teachers(dataset: PrivateDataset[T], key: bytes, teachers: int) -> TeacherPartition[T]:
-    """Split ``dataset`` into ``teachers`` disjoint groups by :func:`teacher_of` (records keep their order)."""
+def partition_teachers(
+    dataset: PrivateDataset[T] | PrivateBatch[T], key: bytes, teachers: int
+) -> TeacherPartition[T]:
+    """Split ``dataset`` (or a subsample of it) into ``teachers`` disjoint groups by :func:`teacher_of` (records keep their order)."""
     teachers = positive_int(teachers, "teachers")
     _check_key(key)
     groups: list[list[Private[T]]] = [[] for _ in range(teachers)]

@@ -257,12 +257,17 @@ def build_snips(
     n_test: int | None = None,
     seed: int = 0,
     max_new_tokens: int = 64,
+    public_inputs: int = 0,
+    public_examples: bool = True,
 ) -> GenerationTask:
     """SNIPS slot extraction: ``train.jsonl`` private (``n_private`` drawn by ``seed``), ``split`` the test set.
 
     ``split``: "test" (final numbers) or "dev" (tuning). ``n_test`` records of it are drawn by
     ``seed`` (None: all). The public demonstrations (2 per intent from ``train.jsonl``) are
-    fixed and never in the private pool.
+    fixed and never in the private pool; ``public_examples=False`` leaves them out (a task with no
+    public labelled examples). ``public_inputs``: how many requests of ``train.jsonl`` outside the
+    private pool and the public demonstrations to add WITHOUT their slots (drawn by ``seed``):
+    what a labelling phase (``dp.labelling``) gives DP answers to.
     """
     if split not in ("test", "dev"):
         raise ValueError(f"split: use 'test' or 'dev', got {split!r}")
@@ -270,20 +275,33 @@ def build_snips(
     train_rows = _read_jsonl(root / "train.jsonl", ("text", "intent", "slots"))
     pool = load_snips(root / "train.jsonl")
     public, rest = _split_public(pool, SNIPS_PUBLIC_PER_INTENT, [str(row["intent"]) for row in train_rows])
+    if isinstance(public_inputs, bool) or not isinstance(public_inputs, int) or public_inputs < 0:
+        raise ValueError(f"public_inputs: must be an integer >= 0, got {public_inputs!r}")
     rng = np.random.default_rng(seed)
     private = _sample(rest, n_private, rng)
     test = _sample(load_snips(root / f"{split}.jsonl"), n_test, rng)
+    # The pool has a stream of its own: asking for it leaves the private and test draws unchanged.
+    chosen = {example.text for example in private}
+    spare = [example.text for example in rest if example.text not in chosen]
+    if public_inputs > len(spare):
+        raise ValueError(
+            f"public_inputs: asked for {public_inputs}, only {len(spare)} requests are left outside the private "
+            "pool; lower public_inputs or n_private"
+        )
+    order = np.random.default_rng([int(seed), 7]).permutation(len(spare))
+    pool = [spare[int(i)] for i in order[:public_inputs]]
     return GenerationTask(
         name="snips",
         description=SNIPS_DESCRIPTION,
         private_train=PrivateDataset(private),
         test=test,
         metric=SlotF1(),
-        public_examples=public,
+        public_examples=public if public_examples else [],
         record_template="Request: {text}\nSlots:",
         max_new_tokens=max_new_tokens,
         stop=("\n",),  # the answer is one line of JSON
         seed_prompt=SNIPS_SEED_PROMPT,
+        public_inputs=pool,
     )
 
 

@@ -85,6 +85,8 @@ class GenerationTask:
     ``max_new_tokens`` (the public cap on an output), ``stop`` and ``temperature`` are the
     generation settings, fixed before anything is charged; the preflight checks that the
     prompt, a record at the record cap and ``max_new_tokens`` fit the engine's context.
+    ``public_inputs`` are public inputs without answers (a labelling phase gives them DP
+    answers, ``dp.labelling``).
     """
 
     name: str
@@ -99,6 +101,8 @@ class GenerationTask:
     temperature: float = 0.0
     clip_bound: float = 1.0
     seed_prompt: str = ""
+    # Public inputs without answers: what a labelling phase (dp.labelling) gives DP answers to.
+    public_inputs: list[str] = field(default_factory=list)
 
     kind = "generate"
 
@@ -127,6 +131,11 @@ class GenerationTask:
                     raise TypeError(f"{split_name}[{position}]: expected a GenerationExample")
                 if example.reference is None:
                     raise ValueError(f"{split_name}[{position}]: has no reference answer")
+        bad_inputs = [i for i, text in enumerate(self.public_inputs) if not isinstance(text, str) or not text.strip()]
+        if bad_inputs:
+            raise ValueError(
+                f"public_inputs: item(s) {bad_inputs[:5]} are not text; every public input must be a non-empty string"
+            )
         # Private records are checked without revealing which ones fail (counts only).
         records = [rec.unwrap() for rec in self.private_train]
         bad_type = sum(1 for r in records if not isinstance(r, GenerationExample))

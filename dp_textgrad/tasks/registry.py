@@ -8,6 +8,7 @@ which is never copied into the package.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -220,6 +221,20 @@ _BUILDERS: Mapping[str, Callable[..., Task]] = MappingProxyType(
         "gsm8k": build_gsm8k,  # generation: numeric final answer
     }
 )
+
+
+def generation_token_cap(name: str, options: Mapping[str, Any] | None = None) -> int | None:
+    """The ``max_new_tokens`` the built-in task ``name`` will have with ``options`` (its builder's
+    default unless given), found without building it; None for a classification task."""
+    try:
+        builder = _BUILDERS[name]
+    except KeyError:
+        raise ValueError(f"task: unknown task {name!r}; available tasks are {available_tasks()}") from None
+    parameter = inspect.signature(builder).parameters.get("max_new_tokens")
+    if parameter is None:
+        return None
+    value = (options or {}).get("max_new_tokens", parameter.default)
+    return int(value)
 
 
 def available_tasks() -> list[str]:

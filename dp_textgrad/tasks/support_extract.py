@@ -135,7 +135,12 @@ def _check_count(name: str, value: int, minimum: int) -> None:
 
 
 def make_support_extract_task(
-    seed: int = 0, n_private: int = 600, n_public: int = 40, n_test: int = 200
+    seed: int = 0,
+    n_private: int = 600,
+    n_public: int = 40,
+    n_test: int = 200,
+    public_inputs: int = 0,
+    max_new_tokens: int = SUPPORT_EXTRACT_MAX_NEW_TOKENS,
 ) -> GenerationTask:
     """The built-in generation task: the account number of a support message, scored by exact match.
 
@@ -143,9 +148,12 @@ def make_support_extract_task(
     private records as they were). The private split goes into a ``PrivateDataset``; the
     public split (placeholders, fake account numbers) may be shown to the mutation LLM and
     used as demonstrations; the test split has the private split's distribution and is
-    for research evaluation only.
+    for research evaluation only. ``public_inputs``: how many public messages WITHOUT answers to
+    add (placeholders as in the public split, from a stream of their own, default none): what a
+    labelling phase (``dp.labelling``) gives DP answers to.
     """
     _check_count("seed", seed, 0)
+    _check_count("public_inputs", public_inputs, 0)
     _check_count("n_private", n_private, 1)
     _check_count("n_public", n_public, 0)
     _check_count("n_test", n_test, 1)
@@ -156,6 +164,8 @@ def make_support_extract_task(
     private = generate_extract_examples(n_private, random.Random(private_seed), with_pii=True, avoid=seen)
     public = generate_extract_examples(n_public, random.Random(public_seed), with_pii=False, avoid=seen)
     test = generate_extract_examples(n_test, random.Random(test_seed), with_pii=True, avoid=seen)
+    inputs_seed = int(np.random.SeedSequence([int(seed), 35]).generate_state(1)[0])
+    pool = generate_extract_examples(public_inputs, random.Random(inputs_seed), with_pii=False, avoid=seen)
     return GenerationTask(
         name=SUPPORT_EXTRACT_NAME,
         description=SUPPORT_EXTRACT_DESCRIPTION,
@@ -164,10 +174,11 @@ def make_support_extract_task(
         metric=metric_from_name("exact"),
         public_examples=public,
         record_template=SUPPORT_EXTRACT_TEMPLATE,
-        max_new_tokens=SUPPORT_EXTRACT_MAX_NEW_TOKENS,
+        max_new_tokens=max_new_tokens,
         stop=SUPPORT_EXTRACT_STOP,
         clip_bound=1.0,
         seed_prompt=SUPPORT_EXTRACT_SEED_PROMPT,
+        public_inputs=[example.text for example in pool],
     )
 
 

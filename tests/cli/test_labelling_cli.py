@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli
-from dp_textgrad.dp_es.config import DPESConfig, LabellingConfig
+from dp_textgrad.dp_es.config import DEFAULT_TEACHER_DEMOS, DPESConfig, LabellingConfig
 from dp_textgrad.dp_es.plan import RunPlan
 from dp_textgrad.privacy.accounting import default_accountants
 from dp_textgrad.privacy.accounting.serialize import event_to_dict
@@ -58,7 +58,7 @@ def test_budget_plans_the_labelling_phase_and_the_composed_total() -> None:
                         labelling=LabellingConfig(queries=16).resolved(16, 400))
     plan = RunPlan.calibrated(config)
     assert shown["queries"] == 16 and shown["teachers"] == 20  # 400 / 20 teachers
-    assert shown["max_demos"] == LabellingConfig().max_demos
+    assert shown["max_demos"] == DEFAULT_TEACHER_DEMOS
     assert shown["sigma"] == pytest.approx(plan.labelling_sigma, rel=1e-3)
     assert shown["share"] == 0.5
     assert shown["epsilon"] == pytest.approx(min(plan.labelling_epsilons(1e-5).values()), rel=1e-3)

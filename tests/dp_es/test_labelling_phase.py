@@ -169,13 +169,40 @@ def test_no_public_inputs_are_refused_naming_the_field(tmp_path: Path) -> None:
         build(labelled_task(pool=[]), tmp_path / "run")
 
 
-def test_a_generation_task_has_no_labelling_phase() -> None:
+def test_a_generation_task_without_public_inputs_is_refused_naming_them() -> None:
     from dp_textgrad.tasks.registry import get_task
 
     task = get_task("support_extract")
-    with pytest.raises(ConfigError, match="labelling: teachers vote labels of a classification task"):
+    with pytest.raises(ConfigError, match="task.public_inputs: dp.labelling needs public unlabelled inputs"):
         DPEvolutionStrategy([prompt_of(task)], task=task, engine=ExactRuleEngine(), dataset_size=50,
                             labelling={"teachers": 4})
+
+
+def test_a_generation_task_refuses_an_engine_that_cannot_list_its_next_tokens() -> None:
+    from dp_textgrad.tasks.registry import get_task
+
+    task = get_task("support_extract", public_inputs=4)
+    with pytest.raises(ConfigError, match="cannot list its next tokens"):
+        DPEvolutionStrategy([prompt_of(task)], task=task, engine=ExactRuleEngine(), dataset_size=50,
+                            labelling={"teachers": 4})
+
+
+@pytest.mark.parametrize("key", [{"threshold": 4.0, "threshold_sigma": 20.0}])
+def test_a_generation_task_refuses_confident_gnmax(key) -> None:
+    from dp_textgrad.engines.scripted import ScriptedEngine
+    from dp_textgrad.tasks.registry import get_task
+
+    task = get_task("support_extract", public_inputs=4)
+    with pytest.raises(ConfigError, match="dp.labelling.threshold: confident GNMax labels classification tasks"):
+        DPEvolutionStrategy([prompt_of(task)], task=task, engine=ScriptedEngine(), dataset_size=50,
+                            labelling={"teachers": 4, **key})
+
+
+@pytest.mark.parametrize("key", ["max_answer_tokens", "sampling_rate", "candidates"])
+def test_a_classification_task_refuses_the_answer_keys_naming_them(key) -> None:
+    value = {"max_answer_tokens": 8, "sampling_rate": 0.5, "candidates": 4}[key]
+    with pytest.raises(ConfigError, match=f"dp.labelling.{key}: applies to generation tasks"):
+        build(labelled_task(), labelling={"teachers": 6, "queries": 8, key: value})
 
 
 def test_privacy_off_refuses_a_labelling_phase() -> None:

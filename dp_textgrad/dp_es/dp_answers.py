@@ -1,0 +1,221 @@
+"""DP answers for public unlabelled inputs of a generation task, voted token by token by teachers.
+
+The privacy core is :mod:`dp_textgrad.privacy.token_voting` (subsample, keyed partition, the
+per-token GNMax, the one charge); this module is the teachers and the public candidates on a
+real engine:
+
+- **a teacher** is the task's prompt with up to ``max_demos`` records of its group as
+  demonstrations (:func:`~dp_textgrad.dp_es.labelling.teacher_prompt`: keyed-hash order, a public
+  cap on the prefix's tokens), followed by the public input. At each step it scores the public
+  candidates after the answer released so far (``engine.score_choices_batch``; the teacher's
+  prompt and the input are one prefix, decoded once and kept by the engine) and votes for the
+  most likely one. A teacher without a prompt, or whose call fails or returns scores of the
+  wrong shape, abstains for the rest of the query (the error text may quote its records: it is
+  dropped).
+- **the candidates** of a step are public: the ``candidates`` most likely next tokens of the
+  public model (the task's prompt and its public demonstrations, if any, then the public input
+  and the answer so far: ``engine.top_next_pieces``), the public input's own tokens when
+  ``copy_input`` (extraction copies spans of the input), and the end marker (the task's first
+  stop string). No private record reaches them.
+- **the answer** grows by the released token; it is complete when it holds one of the task's
+  stop strings (cut there) or after ``max_tokens`` steps. Leading and trailing white space is
+  removed; an empty answer gives no demonstration.
+
+:func:`dp_answers` returns the answered inputs as :class:`~dp_textgrad.tasks.generation.GenerationExample`
+demonstrations (inputs public, answers DP outputs) in a
+:class:`~dp_textgrad.dp_es.labelling.DPLabelled`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dp_textgrad.dp_es.labelling import DEFAULT_MAX_DEMOS, LEDGER_LABEL, DPLabelled, _count_tokens, teacher_prompt
+from dp_textgrad.privacy.token_voting import AnsweringPlan, answer_by_vote
+from dp_textgrad.privacy.validation import positive_int
+from dp_textgrad.privacy.voting import TeacherPartition, Vote
+from dp_textgrad.tasks.generation import GenerationExample, GenerationTask
+
+if TYPE_CHECKING:
+    from dp_textgrad.engines.base import Engine
+    from dp_textgrad.privacy.noise import NoiseSource
+
+DEFAULT_CANDIDATES = 16
+
+
+def end_marker(task: GenerationTask) -> str:
+    """The candidate that ends an answer: the task's first stop string (a newline without one)."""
+    return task.stop[0] if task.stop else "\n"
+
+
+def public_prompt(task: GenerationTask, prompt: str, max_demos: int) -> str:
+    """The prompt the public model proposes candidates with: ``prompt`` and up to ``max_demos``
+    of the task's public examples (public values only)."""
+    parts = [prompt.strip()] if prompt.strip() else []
+    parts += [task.render_demo(example) for example in task.public_examples[:max_demos]]
+    return "\n\n".join(parts)
+
+
+def answer_prefix_cap(
+    engine: Engine, task: GenerationTask, public_inputs: Sequence[str], prompt: str, max_tokens: int
+) -> int | None:
+    """The public cap on a teacher's prompt (``task.render_prefix``): the engine's context less the
+    longest rendered public input, the answer's ``max_tokens`` and a BOS token; None for an engine
+    that does not know its context. Raises ``ValueError`` (public values only, before any charge)
+    when ``prompt`` alone leaves no room for a demonstration."""
+    context = getattr(engine, "context_tokens", None)
+    if context is None:
+        return None
+    count = _count_tokens(engine)
+    longest_input = max(count(task.render_record(text)) for text in public_inputs)
+    cap = int(context) - longest_input - int(max_tokens) - 1
+    base = count(task.render_prefix(prompt)) if prompt.strip() else 0
+    if cap <= base:
+        raise ValueError(
+            f"public_inputs: the prompt ({base} tokens), the longest public input ({longest_input} tokens) and "
+            f"the answer ({max_tokens} tokens) leave no room for demonstrations in the engine's context "
+            f"({context} tokens); shorten them, lower dp.labelling.max_answer_tokens, or raise the engine's "
+            "context (n_ctx)"
+        )
+    return cap
+
+
+class TeacherAnswers:
+    """One public input being answered (the :class:`~dp_textgrad.privacy.token_voting.AnswerQuery`
+    of :func:`~dp_textgrad.privacy.token_voting.answer_by_vote`)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        task: GenerationTask,
+        text: str,
+        teacher_prompts: Sequence[str | None],
+        proposal_prompt: str,
+        candidates: int,
+        copy_input: bool,
+    ) -> None:
+        self._engine = engine
+        self._task = task
+        record = task.render_record(text)
+        # Each teacher's prompt and the public input form one prefix, which the engine keeps.
+        self._prefixes: list[str | None] = [
+            None if prompt is None else task.render_prefix(prompt) + record for prompt in teacher_prompts
+        ]
+        self._public_prefix = task.render_prefix(proposal_prompt) + record
+        self._k = candidates
+        self._input_pieces = _unique(engine.text_pieces(" " + text)) if copy_input else []
+        self._end = end_marker(task)
+
+    def candidates(self, answer: str) -> list[str]:
+        proposed = self._engine.top_next_pieces(self._public_prefix, answer, self._k)
+        return _unique([*proposed, *self._input_pieces, self._end])
+
+    def votes(self, answer: str, candidates: Sequence[str]) -> list[Vote]:
+        votes: list[Vote] = []
+        for teacher, prefix in enumerate(self._prefixes):
+            if prefix is None:
+                votes.append(None)
+                continue
+            try:
+                scores = np.asarray(self._engine.score_choices_batch(prefix, [answer], candidates), dtype=float)
+            except Exception:  # noqa: BLE001 - the teacher abstains; the error text may quote its records
+                scores = None
+            if scores is None or scores.shape != (1, len(candidates)) or not np.all(np.isfinite(scores)):
+                self._prefixes[teacher] = None  # abstains for the rest of this query (a fixed rule)
+                votes.append(None)
+                continue
+            votes.append(int(np.argmax(scores[0])))
+        return votes
+
+    def extend(self, answer: str, token: str) -> tuple[str, bool]:
+        answer += token
+        cuts = [answer.find(stop) for stop in self._task.stop if stop in answer]
+        if cuts:
+            return answer[: min(cuts)], True
+        return answer, False
+
+
+def _unique(pieces: Sequence[str]) -> list[str]:
+    """Non-empty pieces, first occurrence kept, in order."""
+    seen: dict[str, None] = {}
+    for piece in pieces:
+        if piece and piece not in seen:
+            seen[piece] = None
+    return list(seen)
+
+
+def dp_answers(
+    task: GenerationTask,
+    engine: Engine,
+    public_inputs: Sequence[str],
+    plan: AnsweringPlan,
+    ledger: Any,
+    noise: NoiseSource,
+    key: bytes,
+    prompt: str | None = None,
+    max_demos: int = DEFAULT_MAX_DEMOS,
+    *,
+    candidates: int = DEFAULT_CANDIDATES,
+    copy_input: bool = True,
+    label: str = LEDGER_LABEL,
+) -> DPLabelled:
+    """DP answers for ``public_inputs`` by a token-by-token noisy vote of ``plan.teachers`` teachers.
+
+    Checks public values first (the plan matches the inputs; the prompt, an input and an answer
+    fit the engine's context), then charges ``plan.event`` to ``ledger`` as one entry (before the
+    first engine call that reads a record) and answers every input
+    (:func:`~dp_textgrad.privacy.token_voting.answer_by_vote`). ``key``: the partition key (32
+    random bytes per run, operator-only). ``prompt`` defaults to the task's seed prompt.
+    """
+    if not isinstance(task, GenerationTask):
+        raise TypeError("task: DP answers by a token vote need a generation task")
+    inputs = [str(text) for text in public_inputs]
+    if not inputs:
+        raise ValueError("public_inputs: give at least one public unlabelled input")
+    if any(not text.strip() for text in inputs):
+        raise ValueError("public_inputs: every public input must have text")
+    if plan.queries != len(inputs):
+        raise ValueError(f"plan: planned for {plan.queries} public inputs, got {len(inputs)}")
+    max_demos = positive_int(max_demos, "max_demos")
+    candidates = positive_int(candidates, "candidates")
+    prompt = task.seed_prompt if prompt is None else prompt
+    cap = answer_prefix_cap(engine, task, inputs, prompt, plan.mechanism.max_tokens)
+    count = _count_tokens(engine) if cap is not None else None
+    proposal = public_prompt(task, prompt, max_demos)
+
+    def open_query(index: int, partition: TeacherPartition[Any]) -> TeacherAnswers:
+        prompts = [
+            teacher_prompt(task, group, prompt, max_demos, key=key, count_tokens=count, max_prefix_tokens=cap)
+            for group in partition.groups()
+        ]
+        return TeacherAnswers(engine, task, inputs[index], prompts, proposal, candidates, copy_input)
+
+    raw = answer_by_vote(ledger, plan.mechanism, task.private_train, key, plan.teachers, plan.queries, open_query, noise, label)
+    answers = tuple(answer.strip() or None for answer in raw)
+    examples = tuple(
+        GenerationExample(text=text, reference=answer) for text, answer in zip(inputs, answers) if answer is not None
+    )
+    metadata = {
+        **plan.mechanism.metadata(),
+        "queries": plan.queries,
+        "teachers": plan.teachers,
+        "max_demos": max_demos,
+        "candidates": candidates,
+        "copy_input": bool(copy_input),
+        "answered": len(examples),
+        "ledger_label": label,
+    }
+    return DPLabelled(examples=examples, labels=answers, answered=len(examples), queries=plan.queries, metadata=metadata)
+
+
+__all__ = [
+    "DEFAULT_CANDIDATES",
+    "TeacherAnswers",
+    "answer_prefix_cap",
+    "dp_answers",
+    "end_marker",
+    "public_prompt",
+]

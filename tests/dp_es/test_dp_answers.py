@@ -1,0 +1,195 @@
+"""DP answers for a generation task's public inputs (dp.labelling on a generation task, issue 48):
+the ledger is the plan, the candidates are public, each teacher sees its own records only, the
+answers become the search's demonstrations, a resumed run reads them back, and the twin-run test
+(D versus D plus one long record) finds no released byte that the record moves."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dp_textgrad
+from dp_textgrad.dp_es.config import DPESConfig
+from dp_textgrad.dp_es.plan import RunPlan
+from dp_textgrad.engines.scripted import scripted_tokens
+from dp_textgrad.privacy.accounting.serialize import event_to_dict
+from dp_textgrad.privacy.token_voting import AnsweringPlan
+from dp_textgrad.tasks.generation import GenerationExample
+from tests.dp_es.test_generation_privacy import city_task
+from tests.twin import GEN_CITIES, GEN_MARKER, LengthTimedGenerator, differences, generation_long_record, \
+    generation_records, json_differences, run_generation_twin
+
+POOL = [f"Parcel {i} was sent to {GEN_CITIES[i % 4]}" for i in range(6)]
+LABELLING = {"teachers": 50, "queries": 4, "max_demos": 16, "sampling_rate": 0.5, "max_answer_tokens": 6}
+SETTINGS = dict(epsilon=4.0, generations=2, population=3, parents=2, sampling_rate=0.5, insecure_noise_seed=3,
+                seed=1, evaluate=False, labelling=LABELLING)
+
+
+class TeacherGenerator(LengthTimedGenerator):
+    """The twin engine, as a base model. As a teacher it votes on the public input alone: the city
+    the input names, then the end marker; a teacher whose prompt shows the long record is slow (its
+    time follows a private record, as a real model's does). Every prefix it scores is kept."""
+
+    instruction_following = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scored_prefixes: list[str] = []
+        self.proposal_contexts: list[str] = []
+
+    def score_choices_batch(self, prefix, suffixes, choices):
+        if "Input:" not in prefix.rsplit("\n\n", 1)[-1]:
+            return super().score_choices_batch(prefix, suffixes, choices)
+        self.scored_prefixes.append(prefix)
+        if GEN_MARKER in prefix:
+            time.sleep(0.002)
+        record = prefix.rsplit("Input:", 1)[-1]
+        rows = []
+        for answer in suffixes:
+            match = re.search(r"to (\w+)", record)
+            wanted = "\n\n" if answer.strip() or match is None else " " + match.group(1)
+            rows.append([5.0 if choice == wanted else 0.0 for choice in choices])
+        self._count(prompt_tokens=len(scripted_tokens(prefix)))  # the usage follows the teacher's records
+        return np.asarray(rows)
+
+    def top_next_pieces(self, prefix, suffix, k):
+        self.proposal_contexts.append(prefix + suffix)
+        return super().top_next_pieces(prefix, suffix, k)
+
+
+def answers_task(n: int = 200, **overrides):
+    return city_task(n=n, public_examples=[], public_inputs=list(POOL), **overrides)
+
+
+def ledger_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()[1:]]
+
+
+def planned_atoms(run_dir: Path) -> list[dict]:
+    config = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
+    plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
+    answering = plan.labelling(0)
+    assert isinstance(answering, AnsweringPlan)
+    atoms = list(answering.events())
+    atoms += [e for t in range(config.generations) for e in plan.generation_mechanisms(t).events(config.sampling_rate)]
+    final = plan.final()
+    atoms += [final.event(config.sampling_rate)] if final is not None else []
+    return [event_to_dict(event) for event in atoms]
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory):
+    root = tmp_path_factory.mktemp("answers")
+    engine = TeacherGenerator()
+    outcome = dp_textgrad.optimize(answers_task(), engine, runs_root=root, dataset_size=200, **SETTINGS)
+    return outcome, engine, Path(outcome.run_dir)
+
+
+# -- the plan, the ledger and the release ----------------------------------------------------------
+def test_the_ledger_equals_the_plan_atom_for_atom_the_answers_first(answered) -> None:
+    outcome, _, run_dir = answered
+    lines = ledger_lines(run_dir)
+    assert lines[0]["label"] == "labelling" and [line["label"] for line in lines].count("labelling") == 1
+    assert [line["event"] for line in lines] == planned_atoms(run_dir)
+    assert lines[0]["metadata"]["mechanism"] == "token_gnmax" and lines[0]["metadata"]["max_tokens"] == 6
+    assert outcome.result.epsilon <= 4.0 + 1e-9
+
+
+def test_the_answers_are_released_and_join_the_search_as_demonstrations(answered) -> None:
+    outcome, _, run_dir = answered
+    labels = json.loads((run_dir / "labels.json").read_text())
+    assert labels["mechanism"] == "token_gnmax" and labels["inputs"] == POOL[:4]
+    assert labels["queries"] == 4 and labels["teachers"] == 50 and labels["sampling_rate"] == 0.5
+    answers = [e["reference"] for e in labels["examples"]]
+    assert answers and all(isinstance(a, str) and a.strip() == a and a for a in answers)
+    assert labels["answered"] == len(answers) == sum(v is not None for v in labels["labels"])
+    # The unanimous vote wins at this noise for most inputs: the input's city.
+    right = sum(e["reference"] == e["text"].rsplit(" ", 1)[-1] for e in labels["examples"])
+    assert right >= 2, labels["examples"]
+    demos = {(e.text, e.reference) for e in outcome.optimizer.task.public_examples}
+    assert {(e["text"], e["reference"]) for e in labels["examples"]} <= demos
+
+
+def test_the_candidates_are_public_and_each_teacher_sees_its_own_records(answered) -> None:
+    _, engine, _ = answered
+    private = [r.text for r in generation_records(200)]
+    assert engine.proposal_contexts
+    for context in engine.proposal_contexts:  # the public model: seed prompt, public input, released answer
+        assert not any(text in context for text in private)
+    # Each teacher prefix shows records of one group; two prefixes of one answer share none.
+    shown = [{t for t in private if t in prefix} for prefix in set(engine.scored_prefixes)]
+    assert any(shown)
+    by_input: dict[str, list[set[str]]] = {}
+    for prefix, records in zip(set(engine.scored_prefixes), shown):
+        by_input.setdefault(prefix.rsplit("Input:", 1)[-1], []).append(records)
+    for groups in by_input.values():
+        seen: set[str] = set()
+        for records in groups:
+            assert not records & seen
+            seen |= records
+
+
+def test_a_resumed_run_reads_its_answers_back_and_never_answers_again(answered, tmp_path) -> None:
+    from dp_textgrad.dp_es import labelling_phase
+    from dp_textgrad.runs import RunDir
+
+    _, _, run_dir = answered
+    read = labelling_phase.read_labels(RunDir(run_dir))
+    assert read is not None and read.examples
+    assert all(isinstance(e, GenerationExample) and isinstance(e.reference, str) for e in read.examples)
+
+
+def test_an_answer_cut_at_a_stop_string_keeps_what_comes_before() -> None:
+    from dp_textgrad.dp_es.dp_answers import TeacherAnswers
+
+    task = answers_task()
+    query = TeacherAnswers(LengthTimedGenerator(), task, POOL[0], [None], "", 4, True)
+    assert query.extend(" Par", "is\n\nInput: x") == (" Paris", True)
+    assert query.extend(" Par", "is") == (" Paris", False)
+    candidates = query.candidates("")
+    assert "\n\n" in candidates and " Paris" in candidates  # the end marker and the input's own tokens
+    assert set(candidates) <= set(scripted_tokens(task.render_record(POOL[0]) + " " + POOL[0])) | {"\n", "\n\n"}
+
+
+# -- the twin-run test -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    records = generation_records(200)
+    overrides = {"public_examples": [], "public_inputs": list(POOL)}
+    settings = {k: v for k, v in SETTINGS.items() if k != "evaluate"}
+    runs = []
+    for name, rows, extra in (("d", records, 0), ("dx", records + [generation_long_record(records)], 1)):
+        runs.append(run_generation_twin(tmp_path_factory.mktemp(name), rows, {**settings, "evaluate": False},
+                                        engine_factory=TeacherGenerator, coupled_extra_records=extra,
+                                        task_overrides=overrides))
+    return runs
+
+
+def test_both_twins_answer_first_and_finish(twins) -> None:
+    for capture in twins:
+        assert capture.exit_code == 0, capture.stdout + capture.stderr
+        ledger = [json.loads(line) for line in capture.released["ledger.jsonl"].splitlines()[1:]]
+        assert [entry["label"] for entry in ledger][:2] == ["dataset size: DP count", "labelling"]
+        assert json.loads(capture.released["labels.json"])["answered"] >= 1
+
+
+def test_no_released_byte_differs_between_the_twins(twins) -> None:
+    d, dx = twins
+    found = differences(d, dx)
+    detail = {name: json_differences(d, dx, name) for name in found if name.endswith((".json", ".jsonl"))}
+    assert not found, (found, detail)
+
+
+def test_the_operator_area_sees_the_long_record_in_a_teacher(twins) -> None:
+    d, dx = twins
+
+    def teacher_tokens(capture) -> int:
+        usage = json.loads(capture.operator["operator/labelling_usage.json"])
+        return int(usage["prompt_tokens"])
+
+    assert teacher_tokens(dx) > teacher_tokens(d)  # x was sampled and shown by its teacher
