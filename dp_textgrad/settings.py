@@ -449,7 +449,7 @@ class OptimizeSettings(Section):
                     "model (a base model) is not one; use engine.kind openai or your own instruction-tuned "
                     "GGUF (engine.model; engine.options.instruction_following: true)"
                 )
-        if self.dp.labelling is not None:
+        if self.dp.labelling is not None and self.dp.labelling.synthetic_inputs is None:
             if self.task.public_inputs is None and not self.task.options.get("public_inputs"):
                 raise ValueError(
                     "dp.labelling: needs public unlabelled inputs to label; give a file of them "

@@ -348,8 +348,9 @@ def _planned_labelling(
     elif pool is not None:
         # its checks: no more queries than public inputs, and the keys fit the task's family
         labelling.resolved(pool, dataset_size or 0, generation_tokens=tokens)
+    available = pool if pool is not None else (labelling.queries or 0)
     if dataset_size is not None:
-        labelling = labelling.resolved(labelling.queries or 0, dataset_size, generation_tokens=tokens)
+        labelling = labelling.resolved(available, dataset_size, generation_tokens=tokens)
     elif tokens is not None and (labelling.teachers is None or labelling.sampling_rate is None):
         raise ConfigError(
             "dp.labelling.sampling_rate: a generation task's DP answers subsample the private records at a rate "
@@ -357,7 +358,7 @@ def _planned_labelling(
             "dp.labelling.teachers and dp.labelling.sampling_rate"
         )
     elif tokens is not None:
-        labelling = labelling.resolved(labelling.queries or 0, 0, generation_tokens=tokens)
+        labelling = labelling.resolved(available, 0, generation_tokens=tokens)
     return labelling
 
 
@@ -387,8 +388,14 @@ def _print_labelling(plan, delta: float) -> None:
             f"Labelling phase (before the search): DP answers voted token by token (GNMax over the public model's "
             f"top {settings.candidates} tokens"
             + (" and the input's own" if settings.copy_input else "")
-            + f"), vote noise sigma = {sigma:.4g} votes, {settings.queries} public inputs (queries) of at most "
-            f"{settings.max_answer_tokens} tokens each (every token charged), {settings.teachers} teachers of up to "
+            + f"), vote noise sigma = {sigma:.4g} votes, "
+            + (
+                f"{settings.queries} demonstrations generated whole, input and answer, of at most "
+                f"{settings.max_input_tokens} + {settings.max_answer_tokens} tokens each"
+                if settings.synthetic_inputs is not None
+                else f"{settings.queries} public inputs (queries) of at most {settings.max_answer_tokens} tokens each"
+            )
+            + f" (every token charged), {settings.teachers} teachers of up to "
             f"{settings.max_demos} demonstrations from a {settings.sampling_rate:.3g} subsample per answer; its own "
             f"epsilon {format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, smallest "
             "accountant); the search is calibrated so that answers and search composed fit the rest"

@@ -128,6 +128,16 @@ class LabellingConfig(BaseModel):
         description="generation tasks: each answer's teachers split a fresh Poisson subsample of the private "
         "records at this rate (amplification by subsampling); default min(1, teachers x max_demos / N)",
     )
+    synthetic_inputs: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="generation tasks without public inputs: how many demonstrations to generate whole, input "
+        "then answer, by the same token vote (its input's tokens are charged too)",
+    )
+    max_input_tokens: int = Field(
+        48, ge=1, le=512, description="synthetic_inputs: the public cap on a generated input's tokens"
+    )
 
     @field_validator("epsilon_share")
     @classmethod
@@ -152,6 +162,13 @@ class LabellingConfig(BaseModel):
         """Whether the phase answers a generation task (token votes) rather than labelling."""
         return self.max_answer_tokens is not None
 
+    @property
+    def answer_steps(self) -> int | None:
+        """Token steps charged per demonstration: the answer's, plus the input's when generated."""
+        if self.max_answer_tokens is None:
+            return None
+        return self.max_answer_tokens + (self.max_input_tokens if self.synthetic_inputs is not None else 0)
+
     def resolved(
         self, public_inputs: int, dataset_size: int, *, generation_tokens: int | None = None
     ) -> LabellingConfig:
@@ -162,7 +179,14 @@ class LabellingConfig(BaseModel):
         # Non-default values, not model_fields_set: a configuration dumped and read back sets every field.
         generation_only = [
             name
-            for name in ("max_answer_tokens", "candidates", "copy_input", "sampling_rate")
+            for name in (
+                "max_answer_tokens",
+                "candidates",
+                "copy_input",
+                "sampling_rate",
+                "synthetic_inputs",
+                "max_input_tokens",
+            )
             if getattr(self, name) != type(self).model_fields[name].default
         ]
         if generation_tokens is None and generation_only:
@@ -175,13 +199,27 @@ class LabellingConfig(BaseModel):
                 "dp.labelling.threshold: confident GNMax labels classification tasks; a generation task's answers "
                 "are voted token by token (remove threshold and threshold_sigma)"
             )
-        if public_inputs < 1:
+        if self.synthetic_inputs is not None:
+            if self.queries is not None and self.queries != self.synthetic_inputs:
+                raise ValueError(
+                    "dp.labelling.queries: synthetic_inputs sets how many demonstrations are generated; remove queries"
+                )
+            if public_inputs:
+                raise ValueError(
+                    "dp.labelling.synthetic_inputs: the task has public inputs, which give better demonstrations "
+                    "than generated ones; remove synthetic_inputs (or the public inputs)"
+                )
+        elif public_inputs < 1:
             raise ValueError(
                 "task.public_inputs: dp.labelling needs public unlabelled inputs to label; give a file of "
                 "them (task.public_inputs) or remove dp.labelling"
+                + (" (a generation task may generate them: dp.labelling.synthetic_inputs)" if generation_tokens else "")
             )
-        queries = min(DEFAULT_LABELLING_QUERIES, public_inputs) if self.queries is None else self.queries
-        if queries > public_inputs:
+        if self.synthetic_inputs is not None:
+            queries = self.synthetic_inputs
+        else:
+            queries = min(DEFAULT_LABELLING_QUERIES, public_inputs) if self.queries is None else self.queries
+        if self.synthetic_inputs is None and queries > public_inputs:
             raise ValueError(
                 f"dp.labelling.queries: {queries} inputs to label, but the task has {public_inputs} public "
                 "inputs; lower queries or add public inputs"

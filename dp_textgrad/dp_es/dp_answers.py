@@ -60,17 +60,27 @@ def public_prompt(task: GenerationTask, prompt: str, max_demos: int) -> str:
 
 
 def answer_prefix_cap(
-    engine: Engine, task: GenerationTask, public_inputs: Sequence[str], prompt: str, max_tokens: int
+    engine: Engine,
+    task: GenerationTask,
+    public_inputs: Sequence[str],
+    prompt: str,
+    max_tokens: int,
+    *,
+    input_tokens: int | None = None,
 ) -> int | None:
     """The public cap on a teacher's prompt (``task.render_prefix``): the engine's context less the
-    longest rendered public input, the answer's ``max_tokens`` and a BOS token; None for an engine
-    that does not know its context. Raises ``ValueError`` (public values only, before any charge)
-    when ``prompt`` alone leaves no room for a demonstration."""
+    longest rendered public input (a synthetic one: the template and ``input_tokens``), the
+    answer's ``max_tokens`` and a BOS token; None for an engine that does not know its context.
+    Raises ``ValueError`` (public values only, before any charge) when ``prompt`` alone leaves no
+    room for a demonstration."""
     context = getattr(engine, "context_tokens", None)
     if context is None:
         return None
     count = _count_tokens(engine)
-    longest_input = max(count(task.render_record(text)) for text in public_inputs)
+    if input_tokens is not None:
+        longest_input = count(task.render_record("")) + int(input_tokens)
+    else:
+        longest_input = max(count(task.render_record(text)) for text in public_inputs)
     cap = int(context) - longest_input - int(max_tokens) - 1
     base = count(task.render_prefix(prompt)) if prompt.strip() else 0
     if cap <= base:
@@ -138,6 +148,84 @@ class TeacherAnswers:
         return answer, False
 
 
+# Separates a generated input from its answer in the running text of a synthetic demonstration
+# (a control character: never a token's text).
+INPUT_END = "\x1e"
+
+
+class SyntheticTeacherAnswers(TeacherAnswers):
+    """A demonstration generated whole, when the task has no public inputs (Tang et al.'s full
+    synthetic demonstrations): first its input, token by token after the record template's text
+    before ``{text}`` (the public model's candidates and the end of the input: no input to copy
+    from), until the template's text after ``{text}`` begins or ``max_input_tokens`` steps; then
+    its answer, as :class:`TeacherAnswers` does for a public input. The running text is the input,
+    :data:`INPUT_END`, then the answer; both parts are DP outputs."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        task: GenerationTask,
+        teacher_prompts: Sequence[str | None],
+        proposal_prompt: str,
+        candidates: int,
+        copy_input: bool,
+        max_input_tokens: int,
+    ) -> None:
+        head, tail = task.record_template.split("{text}", 1)
+        self._engine, self._task, self._k = engine, task, candidates
+        self._copy_input, self._max_input = copy_input, max_input_tokens
+        self._teacher_prompts, self._proposal_prompt = list(teacher_prompts), proposal_prompt
+        self._input_end = "\n" if tail.startswith("\n") or not tail.strip() else tail.strip()
+        self._input_prefixes: list[str | None] = [
+            None if prompt is None else task.render_prefix(prompt) + head for prompt in teacher_prompts
+        ]
+        self._public_input_prefix = task.render_prefix(proposal_prompt) + head
+        self._input_steps = 0
+
+    def candidates(self, answer: str) -> list[str]:
+        if INPUT_END in answer:
+            return super().candidates(answer.split(INPUT_END, 1)[1])
+        proposed = self._engine.top_next_pieces(self._public_input_prefix, answer, self._k)
+        return _unique([*proposed, self._input_end])
+
+    def votes(self, answer: str, candidates: Sequence[str]) -> list[Vote]:
+        if INPUT_END in answer:
+            return super().votes(answer.split(INPUT_END, 1)[1], candidates)
+        answering, self._prefixes = getattr(self, "_prefixes", None), self._input_prefixes
+        try:
+            return super().votes(answer, candidates)
+        finally:
+            if answering is not None:
+                self._prefixes = answering
+
+    def extend(self, answer: str, token: str) -> tuple[str, bool]:
+        if INPUT_END in answer:
+            text, written = answer.split(INPUT_END, 1)
+            written, done = super().extend(written, token)
+            return text + INPUT_END + written, done
+        self._input_steps += 1
+        text = answer + token
+        ended = self._input_end in text
+        if not ended and self._input_steps < self._max_input:
+            return text, False
+        text = (text.split(self._input_end, 1)[0] if ended else text).strip()
+        if not text:
+            return "", True  # no input: no demonstration (the steps left are charged and unused)
+        # The answer's teachers: each prompt with the generated input (a DP output), as for a public one.
+        failed = [prefix is None for prefix in self._input_prefixes]
+        TeacherAnswers.__init__(
+            self,
+            self._engine,
+            self._task,
+            text,
+            [None if gone else p for p, gone in zip(self._teacher_prompts, failed)],
+            self._proposal_prompt,
+            self._k,
+            self._copy_input,
+        )
+        return text + INPUT_END, False
+
+
 def _unique(pieces: Sequence[str]) -> list[str]:
     """Non-empty pieces, first occurrence kept, in order."""
     seen: dict[str, None] = {}
@@ -160,6 +248,7 @@ def dp_answers(
     *,
     candidates: int = DEFAULT_CANDIDATES,
     copy_input: bool = True,
+    max_input_tokens: int | None = None,
     label: str = LEDGER_LABEL,
 ) -> DPLabelled:
     """DP answers for ``public_inputs`` by a token-by-token noisy vote of ``plan.teachers`` teachers.
@@ -172,17 +261,27 @@ def dp_answers(
     """
     if not isinstance(task, GenerationTask):
         raise TypeError("task: DP answers by a token vote need a generation task")
+    synthetic = max_input_tokens is not None
     inputs = [str(text) for text in public_inputs]
-    if not inputs:
-        raise ValueError("public_inputs: give at least one public unlabelled input")
-    if any(not text.strip() for text in inputs):
-        raise ValueError("public_inputs: every public input must have text")
-    if plan.queries != len(inputs):
-        raise ValueError(f"plan: planned for {plan.queries} public inputs, got {len(inputs)}")
+    if synthetic:
+        max_input_tokens = positive_int(max_input_tokens, "max_input_tokens")
+        if inputs:
+            raise ValueError("public_inputs: synthetic demonstrations generate their inputs; give none")
+        if plan.mechanism.max_tokens <= max_input_tokens:
+            raise ValueError("plan: its tokens per demonstration must leave room for an answer after the input")
+    else:
+        if not inputs:
+            raise ValueError("public_inputs: give at least one public unlabelled input")
+        if any(not text.strip() for text in inputs):
+            raise ValueError("public_inputs: every public input must have text")
+        if plan.queries != len(inputs):
+            raise ValueError(f"plan: planned for {plan.queries} public inputs, got {len(inputs)}")
     max_demos = positive_int(max_demos, "max_demos")
     candidates = positive_int(candidates, "candidates")
     prompt = task.seed_prompt if prompt is None else prompt
-    cap = answer_prefix_cap(engine, task, inputs, prompt, plan.mechanism.max_tokens)
+    # A synthetic input is at most max_input_tokens long: the cap reserves that much for it.
+    answer_tokens = plan.mechanism.max_tokens - (max_input_tokens or 0)
+    cap = answer_prefix_cap(engine, task, inputs, prompt, answer_tokens, input_tokens=max_input_tokens)
     count = _count_tokens(engine) if cap is not None else None
     proposal = public_prompt(task, prompt, max_demos)
 
@@ -191,9 +290,15 @@ def dp_answers(
             teacher_prompt(task, group, prompt, max_demos, key=key, count_tokens=count, max_prefix_tokens=cap)
             for group in partition.groups()
         ]
+        if max_input_tokens is not None:
+            return SyntheticTeacherAnswers(engine, task, prompts, proposal, candidates, copy_input, max_input_tokens)
         return TeacherAnswers(engine, task, inputs[index], prompts, proposal, candidates, copy_input)
 
     raw = answer_by_vote(ledger, plan.mechanism, task.private_train, key, plan.teachers, plan.queries, open_query, noise, label)
+    if synthetic:
+        pairs = [text.split(INPUT_END, 1) if INPUT_END in text else ["", ""] for text in raw]
+        inputs = [pair[0].strip() for pair in pairs]
+        raw = [pair[1] if pair[0].strip() else "" for pair in pairs]
     answers = tuple(answer.strip() or None for answer in raw)
     examples = tuple(
         GenerationExample(text=text, reference=answer) for text, answer in zip(inputs, answers) if answer is not None
@@ -205,6 +310,7 @@ def dp_answers(
         "max_demos": max_demos,
         "candidates": candidates,
         "copy_input": bool(copy_input),
+        **({"max_input_tokens": max_input_tokens, "synthetic_inputs": inputs} if synthetic else {}),
         "answered": len(examples),
         "ledger_label": label,
     }
@@ -213,6 +319,8 @@ def dp_answers(
 
 __all__ = [
     "DEFAULT_CANDIDATES",
+    "INPUT_END",
+    "SyntheticTeacherAnswers",
     "TeacherAnswers",
     "answer_prefix_cap",
     "dp_answers",

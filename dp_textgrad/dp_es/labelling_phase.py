@@ -161,7 +161,7 @@ def run_labelling(
     """The phase itself: the first ``plan.queries`` public inputs, labelled by
     :func:`~dp_textgrad.dp_es.labelling.dp_labels` (which checks public values, then charges,
     then lets the teachers vote). ``epsilons``: the phase's own bounds (public, for the record)."""
-    inputs = list(task.public_inputs)
+    inputs = list(task.public_inputs) if settings.synthetic_inputs is None else [""] * plan.queries
     if settings.max_demos is None:
         raise ConfigError("labelling.max_demos: not resolved yet (resolved_config fills it in for the task)")
     if len(inputs) < plan.queries:
@@ -170,10 +170,11 @@ def run_labelling(
             "give more public inputs or lower dp.labelling.queries"
         )
     if isinstance(plan, AnsweringPlan):
+        synthetic = settings.synthetic_inputs is not None
         labelled = dp_answers(
             task,
             engine,
-            inputs[: plan.queries],
+            [] if synthetic else inputs[: plan.queries],
             plan,
             ledger,
             noise.for_charge(LEDGER_LABEL),
@@ -181,6 +182,7 @@ def run_labelling(
             max_demos=settings.max_demos,
             candidates=settings.candidates,
             copy_input=settings.copy_input,
+            max_input_tokens=settings.max_input_tokens if synthetic else None,
         )
     else:
         labelled = dp_labels(
@@ -198,7 +200,7 @@ def run_labelling(
         "epsilon_share": settings.epsilon_share,
         "epsilon": min(epsilons.values()) if epsilons else None,
         "epsilons": dict(epsilons),
-        "inputs": inputs[: plan.queries],
+        "inputs": [] if settings.synthetic_inputs is not None else inputs[: plan.queries],
     }
     return DPLabelled(labelled.examples, labelled.labels, labelled.answered, labelled.queries, metadata)
 

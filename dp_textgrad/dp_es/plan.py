@@ -112,7 +112,7 @@ class RunPlan:
                 settings.epsilon_share * self.config.epsilon,
                 self.config.resolved_delta,
                 _resolved_queries(self.config),
-                settings.max_answer_tokens,
+                settings.answer_steps,
                 _resolved_answer_rate(settings),
             )
         return _labelling_sigma(
@@ -430,8 +430,8 @@ def _resolved_answer_rate(settings: LabellingConfig) -> float:
 
 
 def _answering_mechanism(settings: LabellingConfig, sigma: float) -> TokenGNMax:
-    assert settings.max_answer_tokens is not None  # settings.answers
-    return TokenGNMax(sigma, settings.max_answer_tokens, _resolved_answer_rate(settings))
+    assert settings.answer_steps is not None  # settings.answers
+    return TokenGNMax(sigma, settings.answer_steps, _resolved_answer_rate(settings))
 
 
 @functools.lru_cache(maxsize=64)

@@ -103,6 +103,8 @@ CHANNELS: dict[str, dict[str, str]] = {
         "sampling_rate": PUBLIC,  # the Poisson subsample rate of each answer's teachers
         "candidates": PUBLIC,  # the public model's top tokens per step
         "copy_input": PUBLIC,  # the public input's tokens are candidates too
+        "max_input_tokens": PUBLIC,  # synthetic demonstrations: the cap on a generated input
+        "synthetic_inputs": DP_OUTPUT,  # synthetic demonstrations: the generated inputs (token votes)
         "queries": PUBLIC,  # the public inputs asked (the first ones of the public pool)
         "teachers": PUBLIC,  # settings (or the default from the declared or DP-counted N)
         "max_demos": PUBLIC,

@@ -193,3 +193,60 @@ def test_the_operator_area_sees_the_long_record_in_a_teacher(twins) -> None:
         return int(usage["prompt_tokens"])
 
     assert teacher_tokens(dx) > teacher_tokens(d)  # x was sampled and shown by its teacher
+
+
+# -- synthetic demonstrations: the input generated too -------------------------------------------
+TARGET = "Parcel 9 was sent to Oslo"
+
+
+class SyntheticGenerator(LengthTimedGenerator):
+    """As a public model it proposes the words of TARGET; as a teacher it spells TARGET as the
+    input, then answers the input's city, then ends."""
+
+    instruction_following = False
+
+    def top_next_pieces(self, prefix, suffix, k):
+        return [*scripted_tokens(" " + TARGET), " Rome", "\n\n"][:k]
+
+    def score_choices_batch(self, prefix, suffixes, choices):
+        if "Input:" not in prefix.rsplit("\n\n", 1)[-1]:
+            return super().score_choices_batch(prefix, suffixes, choices)
+        rows = []
+        for written in suffixes:
+            if prefix.endswith("Input: "):  # the input so far
+                words = scripted_tokens(" " + TARGET)
+                done = scripted_tokens(written)
+                wanted = words[len(done)] if len(done) < len(words) else "\n"
+            else:
+                city = re.search(r"to (\w+)\nOutput:$", prefix)
+                wanted = "\n\n" if written.strip() or city is None else " " + city.group(1)
+            rows.append([5.0 if choice == wanted else 0.0 for choice in choices])
+        return np.asarray(rows)
+
+
+def test_synthetic_demonstrations_generate_the_input_then_the_answer(tmp_path) -> None:
+    engine = SyntheticGenerator()
+    labelling = {"teachers": 50, "synthetic_inputs": 3, "max_input_tokens": 8, "max_answer_tokens": 4,
+                 "max_demos": 16, "sampling_rate": 0.5}
+    task = city_task(n=200, public_examples=[], public_inputs=[])
+    outcome = dp_textgrad.optimize(task, engine, runs_root=tmp_path, dataset_size=200,
+                                   **{**SETTINGS, "labelling": labelling})
+    run_dir = Path(outcome.run_dir)
+    labels = json.loads((run_dir / "labels.json").read_text())
+    assert labels["inputs"] == [] and labels["max_tokens"] == 12 and labels["max_input_tokens"] == 8
+    assert len(labels["synthetic_inputs"]) == 3
+    assert labels["synthetic_inputs"].count(TARGET) >= 2, labels
+    assert {"text": TARGET, "reference": "Oslo"} in labels["examples"]
+    lines = ledger_lines(run_dir)
+    assert [line["event"] for line in lines] == planned_atoms(run_dir)
+
+
+def test_synthetic_inputs_are_refused_beside_public_inputs_and_on_classification(tmp_path) -> None:
+    from dp_textgrad.dp_es.config import ConfigError
+    from tests.dp_es.test_labelling_phase import build, labelled_task
+
+    with pytest.raises(ConfigError, match="synthetic_inputs: the task has public inputs"):
+        dp_textgrad.optimize(answers_task(), SyntheticGenerator(), runs_root=tmp_path, dataset_size=200,
+                             **{**SETTINGS, "labelling": {"synthetic_inputs": 2}})
+    with pytest.raises(ConfigError, match="dp.labelling.synthetic_inputs: applies to generation tasks"):
+        build(labelled_task(), labelling={"teachers": 6, "synthetic_inputs": 2})
