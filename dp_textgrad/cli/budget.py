@@ -376,9 +376,8 @@ def _answer_token_cap(settings: Any) -> int | None:
 
 def _print_labelling(plan, delta: float) -> None:
     """The labelling phase's line: its mechanism, queries, teachers and its own epsilon."""
-    from dp_textgrad.privacy.accounting.bounds import format_epsilon
-
     from dp_textgrad.dp_es.config import DEFAULT_TEACHER_DEMOS
+    from dp_textgrad.privacy.accounting.bounds import format_epsilon
 
     settings = plan.config.labelling
     sigma = plan.labelling_sigma
@@ -418,8 +417,9 @@ def _print_labelling(plan, delta: float) -> None:
     )
     console.print(
         f"Labelling phase (before the search): {threshold}, vote noise sigma = {sigma:.4g} votes, "
-        f"{settings.queries} public inputs (queries), {teachers}, up to {settings.max_demos or DEFAULT_TEACHER_DEMOS} demonstrations "
-        f"each; its own epsilon {format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, "
+        f"{settings.queries} public inputs (queries), {teachers}, up to "
+        f"{settings.max_demos or DEFAULT_TEACHER_DEMOS} demonstrations each; its own epsilon "
+        f"{format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, "
         "smallest accountant); the search is calibrated so that labelling and search composed fit the rest"
     )
     from dp_textgrad.dp_es.labelling_phase import noise_warning

@@ -263,7 +263,7 @@ def dp_answers(
         raise TypeError("task: DP answers by a token vote need a generation task")
     synthetic = max_input_tokens is not None
     inputs = [str(text) for text in public_inputs]
-    if synthetic:
+    if max_input_tokens is not None:
         max_input_tokens = positive_int(max_input_tokens, "max_input_tokens")
         if inputs:
             raise ValueError("public_inputs: synthetic demonstrations generate their inputs; give none")
@@ -294,7 +294,9 @@ def dp_answers(
             return SyntheticTeacherAnswers(engine, task, prompts, proposal, candidates, copy_input, max_input_tokens)
         return TeacherAnswers(engine, task, inputs[index], prompts, proposal, candidates, copy_input)
 
-    raw = answer_by_vote(ledger, plan.mechanism, task.private_train, key, plan.teachers, plan.queries, open_query, noise, label)
+    raw = answer_by_vote(
+        ledger, plan.mechanism, task.private_train, key, plan.teachers, plan.queries, open_query, noise, label
+    )
     if synthetic:
         pairs = [text.split(INPUT_END, 1) if INPUT_END in text else ["", ""] for text in raw]
         inputs = [pair[0].strip() for pair in pairs]
@@ -314,7 +316,9 @@ def dp_answers(
         "answered": len(examples),
         "ledger_label": label,
     }
-    return DPLabelled(examples=examples, labels=answers, answered=len(examples), queries=plan.queries, metadata=metadata)
+    return DPLabelled(
+        examples=examples, labels=answers, answered=len(examples), queries=plan.queries, metadata=metadata
+    )
 
 
 __all__ = [

@@ -147,7 +147,8 @@ def teacher_demos(
 ) -> list[Example]:
     """The demonstrations of one teacher: up to ``max_demos`` of its records, spread evenly over
     ``task.labels`` (round robin in label order, each label's records in keyed-hash order), shown
-    in keyed-hash order; for a generation task (no labels), its first records in keyed-hash order. A function of the group's records (a set) and ``key`` alone.
+    in keyed-hash order; for a generation task (no labels), its first records in keyed-hash
+    order. A function of the group's records (a set) and ``key`` alone.
     Call only from a DP mechanism (it reads private records)."""
     max_demos = positive_int(max_demos, "max_demos")
     order_key = _order_key(key)

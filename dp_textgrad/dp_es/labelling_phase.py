@@ -52,19 +52,29 @@ def check_task(config: DPESConfig, task: Task) -> None:
     settings = config.labelling
     if settings is None:
         return
-    if not isinstance(task, (ClassificationTask, GenerationTask)):
+    if not isinstance(task, ClassificationTask) and answering_view(task) is None:
         raise ConfigError(
             "labelling: teachers vote labels of a classification task or answers of a generation task; "
             f"{type(task).__name__} is neither (remove dp.labelling)"
         )
     try:  # its checks of the pool and of the keys (N only sets the teachers)
-        settings.resolved(len(task.public_inputs), 1, generation_tokens=_generation_tokens(task))
+        settings.resolved(len(getattr(task, "public_inputs", ())), 1, generation_tokens=_generation_tokens(task))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
 
+def answering_view(task: Any) -> GenerationTask | None:
+    """The generation task the teachers of DP answers work on: the task itself, the teachers' view
+    a task carries (``answering``: a DSPy program's predictor), or None (a classification task)."""
+    if isinstance(task, GenerationTask):
+        return task
+    view = getattr(task, "answering", None)
+    return view if isinstance(view, GenerationTask) else None
+
+
 def _generation_tokens(task: Task) -> int | None:
-    return int(task.max_new_tokens) if isinstance(task, GenerationTask) else None
+    view = answering_view(task)
+    return int(view.max_new_tokens) if view is not None else None
 
 
 def check_engine(config: DPESConfig, engine: Any, task: Task | None = None) -> None:
@@ -79,14 +89,15 @@ def check_engine(config: DPESConfig, engine: Any, task: Task | None = None) -> N
     if config.labelling is None:
         return
     if bool(getattr(engine, "deterministic_scores", False)):
-        if config.labelling.answers or isinstance(task, GenerationTask):
+        if config.labelling.answers or answering_view(task) is not None:
             _check_token_views(engine)
         return
     raise ConfigError(
         f"labelling: the engine {type(engine).__name__} does not declare that its scores are independent of "
         "its earlier calls (deterministic_scores), and a teacher's vote must depend on its own records only "
         "(a server's prefix cache or batching could couple teachers); run the labelling phase on the local "
-        "llama.cpp engine (engine.kind: llama_cpp), or remove dp.labelling"
+        "llama.cpp engine (engine.kind: llama_cpp in a run file, DPES(engine=LlamaCppEngine()) in DSPy), or "
+        "remove dp.labelling"
     )
 
 
@@ -100,7 +111,8 @@ def _check_token_views(engine: Any) -> None:
             raise ConfigError(
                 f"labelling: DP answers are voted token by token and the engine {type(engine).__name__} cannot "
                 f"list its next tokens ({name}); run the labelling phase on the local llama.cpp engine "
-                "(engine.kind: llama_cpp), or remove dp.labelling"
+                "(engine.kind: llama_cpp in a run file, DPES(engine=LlamaCppEngine()) in DSPy), or remove "
+                "dp.labelling"
             )
 
 
@@ -113,7 +125,7 @@ def resolved_config(config: DPESConfig, task: Task) -> DPESConfig:
     if settings is None:
         return config
     filled = settings.queries is not None and settings.teachers is not None and settings.max_demos is not None
-    if isinstance(task, GenerationTask):
+    if answering_view(task) is not None:
         filled = filled and settings.max_answer_tokens is not None and settings.sampling_rate is not None
     if filled:
         return config
@@ -171,8 +183,11 @@ def run_labelling(
         )
     if isinstance(plan, AnsweringPlan):
         synthetic = settings.synthetic_inputs is not None
+        view = answering_view(task)
+        if view is None:
+            raise ConfigError("labelling: DP answers need a generation task (or a task's answering view)")
         labelled = dp_answers(
-            task,
+            view,
             engine,
             [] if synthetic else inputs[: plan.queries],
             plan,
@@ -257,6 +272,7 @@ def read_labels(run_dir: runs.RunDir | None) -> DPLabelled | None:
 
 __all__ = [
     "LABELS_NAME",
+    "answering_view",
     "charge_index",
     "check_task",
     "labels_payload",

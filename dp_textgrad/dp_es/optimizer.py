@@ -147,7 +147,11 @@ class EvolutionController(Optimizer):
         self.labelled = labelled
         if labelled is not None and labelled.examples:
             task: Any = self.task
-            self.task = replace(task, public_examples=[*task.public_examples, *labelled.examples])
+            join = getattr(task, "with_answers", None)
+            if callable(join):  # a task that renders its own demonstrations (a DSPy program's)
+                self.task = join(task, labelled.examples)
+            else:
+                self.task = replace(task, public_examples=[*task.public_examples, *labelled.examples])
 
     def remaining_event(self) -> Any:
         """What this run may still spend: the labelling phase if it has not run, then generations

@@ -30,8 +30,8 @@ from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountant
 from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism, SelectionMechanism, selection_mechanism
-from dp_textgrad.privacy.voting import ConfidentGNMax, GNMax, LabellingPlan, VotingMechanism, calibrate_gnmax
 from dp_textgrad.privacy.token_voting import AnsweringPlan, TokenGNMax, calibrate_token_gnmax
+from dp_textgrad.privacy.voting import ConfidentGNMax, GNMax, LabellingPlan, VotingMechanism, calibrate_gnmax
 
 
 def decide_llm_operators(declared: bool | None, instruction_following: bool) -> bool:
@@ -131,7 +131,9 @@ class RunPlan:
         if settings.teachers is None:
             raise ConfigError("labelling.teachers: not resolved yet (LabellingConfig.resolved fills it from N)")
         if settings.answers:
-            return AnsweringPlan(_answering_mechanism(settings, sigma), _resolved_queries(self.config), settings.teachers)
+            return AnsweringPlan(
+                _answering_mechanism(settings, sigma), _resolved_queries(self.config), settings.teachers
+            )
         return LabellingPlan(
             _voting_mechanism(settings, sigma, num_labels), _resolved_queries(self.config), settings.teachers
         )

@@ -109,7 +109,9 @@ class TokenGNMax:
     def release(self, histogram: np.ndarray, noise: NoiseSource) -> int:
         """The index of the noisy argmax of one vote histogram (one count per candidate)."""
         counts = np.asarray(histogram, dtype=float).reshape(-1)
-        return GNMax(self.sigma, counts.size).release(counts, noise)[0]
+        (index,) = GNMax(self.sigma, counts.size).release(counts, noise)
+        assert index is not None  # GNMax always answers
+        return index
 
 
 class AnswerQuery(Protocol):
@@ -204,7 +206,9 @@ def calibrate_token_gnmax(
     queries = positive_int(queries, "queries")
     max_tokens = positive_int(max_tokens, "max_tokens")
     rate = _sampling_rate(sampling_rate)
-    accountants = None if accountant is None else [accountant] if isinstance(accountant, Accountant) else list(accountant)
+    accountants = (
+        None if accountant is None else [accountant] if isinstance(accountant, Accountant) else list(accountant)
+    )
 
     def plan(z: float) -> dp_accounting.DpEvent:
         return TokenGNMax(z * TokenGNMax.l2_sensitivity, max_tokens, rate).event(queries)
@@ -241,7 +245,9 @@ class AnsweringPlan:
         return [self.event]
 
     def epsilon(self, delta: float, accountant: Accountant | Sequence[Accountant] | None = None) -> float:
-        accountants = None if accountant is None else [accountant] if isinstance(accountant, Accountant) else list(accountant)
+        accountants = (
+            None if accountant is None else [accountant] if isinstance(accountant, Accountant) else list(accountant)
+        )
         return smallest_bound([self.event], delta, accountants)
 
 

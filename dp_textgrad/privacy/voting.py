@@ -139,10 +139,9 @@ class TeacherPartition(Generic[T]):
         raise PrivateDataError("teacher partitions cannot be pickled or checkpointed")
 
 
-def partition_teachers(
-    dataset: PrivateDataset[T] | PrivateBatch[T], key: bytes, teachers: int
-) -> TeacherPartition[T]:
-    """Split ``dataset`` (or a subsample of it) into ``teachers`` disjoint groups by :func:`teacher_of` (records keep their order)."""
+def partition_teachers(dataset: PrivateDataset[T] | PrivateBatch[T], key: bytes, teachers: int) -> TeacherPartition[T]:
+    """Split ``dataset`` (or a subsample of it) into ``teachers`` disjoint groups by
+    :func:`teacher_of` (records keep their order)."""
     teachers = positive_int(teachers, "teachers")
     _check_key(key)
     groups: list[list[Private[T]]] = [[] for _ in range(teachers)]

@@ -289,7 +289,7 @@ def build_snips(
             "pool; lower public_inputs or n_private"
         )
     order = np.random.default_rng([int(seed), 7]).permutation(len(spare))
-    pool = [spare[int(i)] for i in order[:public_inputs]]
+    unlabelled = [spare[int(i)] for i in order[:public_inputs]]
     return GenerationTask(
         name="snips",
         description=SNIPS_DESCRIPTION,
@@ -301,7 +301,7 @@ def build_snips(
         max_new_tokens=max_new_tokens,
         stop=("\n",),  # the answer is one line of JSON
         seed_prompt=SNIPS_SEED_PROMPT,
-        public_inputs=pool,
+        public_inputs=unlabelled,
     )
 
 

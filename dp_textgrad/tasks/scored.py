@@ -119,6 +119,10 @@ class ScoredTask:
     probe: Callable[[str], None] | None = None
     deterministic: bool = False
     components: tuple[PromptComponent, ...] = ()
+    # DP demonstrations (dp.labelling): the teachers' view of the task (a GenerationTask whose
+    # public inputs they answer), and how the released answers join this task's demonstrations.
+    answering: Any = None
+    with_answers: Callable[[ScoredTask, Sequence[Any]], ScoredTask] | None = None
 
     kind = "generate"
 
@@ -149,6 +153,11 @@ class ScoredTask:
     @property
     def labels(self) -> list[str]:
         return []
+
+    @property
+    def public_inputs(self) -> list[str]:
+        """The public inputs the teachers of a labelling phase answer (none without ``answering``)."""
+        return list(getattr(self.answering, "public_inputs", []))
 
     @property
     def metric_name(self) -> str:

@@ -135,12 +135,28 @@ def audit_token_voting(
 
     def arm(records: list[Any], noise_seed: int, ledger: _RecordingLedger) -> np.ndarray:
         task = GenerationTask(
-            name="audit", description="audit", private_train=PrivateDataset(records), test=[],
-            metric=metric_from_name("exact"), record_template="Input: {text}\nOutput:", stop=("\n",),
+            name="audit",
+            description="audit",
+            private_train=PrivateDataset(records),
+            test=[],
+            metric=metric_from_name("exact"),
+            record_template="Input: {text}\nOutput:",
+            stop=("\n",),
         )
+        engine: Any = _StubEngine()  # the calls the path makes, nothing more
         released = dp_answers(
-            task, _StubEngine(), ["public"] * trials.runs, plan, ledger, NoiseSource(insecure_seed=noise_seed),
-            AUDIT_KEY, prompt="", max_demos=4, candidates=len(PUBLIC_TOKENS), copy_input=False, label="audit",
+            task,
+            engine,
+            ["public"] * trials.runs,
+            plan,
+            ledger,
+            NoiseSource(insecure_seed=noise_seed),
+            AUDIT_KEY,
+            prompt="",
+            max_demos=4,
+            candidates=len(PUBLIC_TOKENS),
+            copy_input=False,
+            label="audit",
         )
         return np.array([float(answer == canary_answer) for answer in released.labels])
 
@@ -157,8 +173,13 @@ def audit_token_voting(
         bound,
         None,
         started=started,
-        parameters={"canary_answer": canary_answer, "teachers": teachers, "sigma": float(sigma), "lead": lead,
-                    "seed": seed},
+        parameters={
+            "canary_answer": canary_answer,
+            "teachers": teachers,
+            "sigma": float(sigma),
+            "lead": lead,
+            "seed": seed,
+        },
         note="the real charge, partition, teacher prompts, public candidates, votes and release; a stub engine; "
         "one token per answer; claim per answer from the charged event; canary appended at the end",
     )

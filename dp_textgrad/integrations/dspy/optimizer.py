@@ -174,6 +174,8 @@ class DPES(Teleprompter):
         delta: float | None = None,
         auto: str | None = "light",
         public_trainset: Sequence[Any] | None = None,
+        public_inputs: Sequence[Any] | None = None,
+        answer_predictor: str | None = None,
         predictor: str | Sequence[str] | None = None,
         public_retrievers: Sequence[str] = (),
         remote_retrievers: Sequence[str] = (),
@@ -214,6 +216,12 @@ class DPES(Teleprompter):
         self.public_trainset = (
             check_examples(public_trainset, "public_trainset", private=False) if public_trainset is not None else []
         )
+        self.public_inputs = (
+            check_examples(public_inputs, "public_inputs", private=False) if public_inputs is not None else []
+        )
+        if answer_predictor is not None and not isinstance(answer_predictor, str):
+            raise ConfigError("answer_predictor: give a predictor's name, as in program.named_predictors()")
+        self.answer_predictor = answer_predictor
         self.predictor = predictor
         self.public_retrievers = (
             tuple(public_retrievers) if not isinstance(public_retrievers, str) else public_retrievers
@@ -235,6 +243,16 @@ class DPES(Teleprompter):
         if engine is not None and instruction_following is not None:  # the user's engine is left as it is
             self.settings.setdefault("llm_operators", bool(instruction_following))
         self.config = config_with(None, self.settings)  # every field checked now, before any compile
+        if self.config.labelling is not None and not self.public_inputs:
+            raise ConfigError(
+                "labelling: DP demonstrations are the teachers' answers to public inputs; give public_inputs="
+                "[dspy.Example(question=...).with_inputs('question'), ...] (public examples without outputs)"
+            )
+        if self.public_inputs and self.config.labelling is None:
+            raise ConfigError(
+                "public_inputs: they are answered by a labelling phase; give labelling={} (or its settings: "
+                "queries, teachers, epsilon_share, ...) or leave public_inputs out"
+            )
         self.outcome: RunOutcome | None = None
 
     def get_params(self) -> dict[str, Any]:
@@ -289,6 +307,8 @@ class DPES(Teleprompter):
             valset=prepared.test,
             threads=self.num_threads,
             silencer=silencer,
+            public_inputs=self.public_inputs,
+            answer_predictor=self.answer_predictor,
         )
 
     def plan(
@@ -332,6 +352,11 @@ class DPES(Teleprompter):
             if task.probe is not None:
                 task.probe(task.seed_prompt)
             seconds = time.perf_counter() - started
+        if config.labelling is not None:  # the DP demonstrations, planned as the run plans them
+            from dp_textgrad.dp_es import labelling_phase
+
+            labelling_phase.check_task(config, task)
+            config = labelling_phase.resolved_config(config, task)
         if config.privacy == "off":
             epsilons: dict[str, float] = {}
             noise = None
@@ -404,7 +429,14 @@ class DPES(Teleprompter):
                 evaluate=bool(prepared.test),
             )
         self.outcome = outcome
-        parts = parts_of(predictor_components(student, prepared.names, prepared.adapter, self.public_trainset))
+        # The demonstrations the search could show: the public examples, and the DP answers of a
+        # labelling phase (they joined the searched task's demonstrations).
+        searched = outcome.optimizer.task
+        shown = [e.payload for part in searched.components for e in part.public_examples] or [
+            e.payload for e in searched.public_examples
+        ]
+        examples = list({id(example): example for example in [*self.public_trainset, *shown]}.values())
+        parts = parts_of(predictor_components(student, prepared.names, prepared.adapter, examples))
         return compiled_program(student, prepared.names, outcome, parts)
 
 

@@ -31,6 +31,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from dp_textgrad.dp_es.config import ConfigError
@@ -617,6 +618,71 @@ def parts_of(components: Sequence[PromptComponent]) -> PromptParts:
     return PromptParts([part.name for part in components], pools)
 
 
+#: The public cap on a DP answer of a predictor (its teachers' view), in tokens.
+ANSWER_MAX_TOKENS = 32
+
+
+def answering_task(
+    program: Any, predictor_name: str, trainset: Sequence[Any], public_inputs: Sequence[Any]
+) -> tuple[Any, Callable[[Any], Any]]:
+    """The teachers' view of one predictor for DP demonstrations (``dp.labelling``): a
+    :class:`~dp_textgrad.tasks.generation.GenerationTask` whose records are the private examples'
+    input fields (``field: value`` lines) and output, and whose public inputs are
+    ``public_inputs``; and the map from a released answer back to a ``dspy.Example`` (the public
+    input's fields and the DP answer). The predictor must have one output field, and every
+    example its input fields (the private ones its output too); refusals name fields and
+    positions of public examples, and only counts of private ones."""
+    from dp_textgrad.tasks.generation import GenerationExample, GenerationTask
+    from dp_textgrad.tasks.metrics import metric_from_name
+
+    signature = dict(program.named_predictors())[predictor_name].signature
+    inputs, outputs = list(signature.input_fields), list(signature.output_fields)
+    if len(outputs) != 1:
+        raise ConfigError(
+            f"answer_predictor: {predictor_name} has {len(outputs)} output fields ({', '.join(outputs)}); DP "
+            "demonstrations answer one output field: choose a predictor with one (answer_predictor=...)"
+        )
+    output = outputs[0]
+    for position, example in enumerate(public_inputs):
+        missing = [name for name in inputs if name not in example]
+        if missing:
+            raise ConfigError(
+                f"public_inputs[{position}]: lacks the input field(s) {', '.join(missing)} of predictor "
+                f"{predictor_name}; give each public input every input field of the predictor"
+            )
+    lacking = sum(1 for example in trainset if any(name not in example for name in (*inputs, output)))
+    if lacking:
+        raise ConfigError(
+            f"trainset: {lacking} example(s) lack the fields {', '.join((*inputs, output))} of predictor "
+            f"{predictor_name}, which its DP demonstrations are voted from; choose another answer_predictor"
+        )
+
+    def text_of(example: Any) -> str:
+        return "\n".join(f"{name}: {example[name]}" for name in inputs)
+
+    view = GenerationTask(
+        name=f"dspy:{predictor_name}",
+        description=describe_predictor(predictor_name, signature),
+        private_train=PrivateDataset([GenerationExample(text=text_of(e), reference=str(e[output])) for e in trainset]),
+        test=[],
+        metric=metric_from_name("exact"),
+        record_template="{text}\n" + f"{output}:",
+        max_new_tokens=ANSWER_MAX_TOKENS,
+        stop=("\n",),
+        seed_prompt=signature.instructions or "",
+        public_inputs=[text_of(example) for example in public_inputs],
+    )
+    by_text = {text_of(example): example for example in public_inputs}
+    dspy = import_dspy()
+
+    def to_example(answered: Any) -> Any:
+        base = by_text[answered.text]
+        fields = {name: base[name] for name in inputs}
+        return dspy.Example(**fields, **{output: str(answered.reference)}).with_inputs(*inputs)
+
+    return view, to_example
+
+
 def program_as_task(
     program: Any,
     metric: Any,
@@ -630,6 +696,8 @@ def program_as_task(
     valset: Sequence[Any] = (),
     threads: int = 1,
     silencer: SilencedPrivateCalls | None = None,
+    public_inputs: Sequence[Any] = (),
+    answer_predictor: str | None = None,
 ) -> ScoredTask:
     """The ScoredTask of a DSPy program (module docstring): its private records are ``trainset``.
 
@@ -637,7 +705,9 @@ def program_as_task(
     them; with several, a candidate prompt holds one text per predictor (:class:`PromptParts`) and
     a child edits one of them. ``public_trainset`` examples are the public demonstrations of each
     predictor whose fields they hold (and the probe's input); ``valset`` is the test split
-    (research evaluation only)."""
+    (research evaluation only). ``public_inputs`` (public ``dspy.Example``s without outputs) and
+    ``answer_predictor``: a labelling phase's teachers answer them for that predictor
+    (:func:`answering_task`); the answers then join the public demonstrations (``with_answers``)."""
     dspy = import_dspy()
     if predictor_names is None:
         predictor_names = [predictor_name] if predictor_name is not None else None
@@ -673,6 +743,28 @@ def program_as_task(
             sealed.lm("Reply with the word OK.")
 
     several = len(components) > 1
+    answering, with_answers = None, None
+    if public_inputs:
+        target = answer_predictor if answer_predictor is not None else (names[0] if len(names) == 1 else None)
+        if target is None or target not in names:
+            raise ConfigError(
+                f"answer_predictor: name the optimized predictor whose demonstrations the DP answers fill, one of "
+                f"{', '.join(names)}"
+            )
+        answering, to_example = answering_task(program, target, trainset, public_inputs)
+
+        def with_answers(task: ScoredTask, answered: Sequence[Any]) -> ScoredTask:
+            """The task with the DP answers as public demonstrations, as public_trainset examples are."""
+            examples = [*public_trainset, *(to_example(one) for one in answered)]
+            renewed = predictor_components(program, names, adapter, examples)
+            parts.pools.clear()
+            parts.pools.update(parts_of(renewed).pools)  # the sealed program maps demo blocks with these
+            return replace(
+                task,
+                public_examples=list(renewed[0].public_examples),
+                components=tuple(renewed) if several else (),
+            )
+
     return ScoredTask(
         name=f"dspy:{type(program).__name__}",
         description=first.description if not several else "\n".join(part.description for part in components),
@@ -686,6 +778,8 @@ def program_as_task(
         probe=probe,
         deterministic=False,
         components=tuple(components) if several else (),
+        answering=answering,
+        with_answers=with_answers,
     )
 
 
@@ -703,6 +797,7 @@ def render_demo(signature: Any, example: Any) -> str:
 __all__ = [
     "PRIVATE_CALL_GATE",
     "PRIVATE_CALL_SETTING",
+    "ANSWER_MAX_TOKENS",
     "UNSUPPORTED_PARTS",
     "PrivateCallGate",
     "PromptParts",
@@ -722,6 +817,7 @@ __all__ = [
     "private_adapter",
     "private_call",
     "private_lm",
+    "answering_task",
     "program_as_task",
     "render_demo",
     "with_lms_replaced",
