@@ -65,6 +65,7 @@ class Setup:
     parents: int = 2
     records: int = 42  # expected private records per candidate and generation
     max_prompt_chars: int = 1500
+    teachers: int | None = None  # None: the default, N / 20 in [10, 100]
 
 
 def build_task(setup: Setup, seed: int, data_dir: str | None) -> Any:
@@ -98,7 +99,9 @@ def answers(
     from dp_textgrad.privacy.noise import NoiseSource
     from dp_textgrad.privacy.token_voting import AnsweringPlan, TokenGNMax, calibrate_token_gnmax
 
-    base = LabellingConfig(synthetic_inputs=setup.queries) if synthetic else LabellingConfig()
+    base = LabellingConfig(synthetic_inputs=setup.queries, teachers=setup.teachers) if synthetic else (
+        LabellingConfig(teachers=setup.teachers)
+    )
     settings = base.resolved(0 if synthetic else len(task.public_inputs), setup.n_private,
                              generation_tokens=task.max_new_tokens)
     steps = settings.answer_steps
@@ -170,7 +173,8 @@ def run_row(row: str, seed: int, epsilon: float | None, task: Any, engine: Any, 
         prompt, extra = search(dataclasses.replace(task, public_inputs=[]), engine, setup, epsilon, seed)
     elif row == "dp_demos_dp_es":
         prompt, extra = search(bare, engine, setup, epsilon, seed,
-                               labelling={"queries": setup.queries, "epsilon_share": setup.share})
+                               labelling={"queries": setup.queries, "epsilon_share": setup.share,
+                                          **({"teachers": setup.teachers} if setup.teachers else {})})
     else:
         raise ValueError(f"row: unknown {row!r}")
     scores = [round(float(v), 4) for v in task.public_scores(engine, prompt, task.test)]
@@ -257,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-private", type=int, default=None)
     parser.add_argument("--n-test", type=int, default=None)
     parser.add_argument("--queries", type=int, default=6)
+    parser.add_argument("--teachers", type=int, default=None, help="default N / 20 in [10, 100]")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
     parser.add_argument("--output", type=Path, default=None)
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     defaults = {"support_extract": (600, 100), "snips": (2000, 200)}[args.task]
     setup = Setup(task=args.task, n_private=args.n_private or defaults[0], n_test=args.n_test or defaults[1],
-                  queries=args.queries)
+                  queries=args.queries, teachers=args.teachers)
     work_file = args.work_dir / f"{args.task}.jsonl"
     work_file.parent.mkdir(parents=True, exist_ok=True)
     done = {key(r) for r in run_records.read_runs(work_file)}

@@ -213,6 +213,12 @@ def _cell(text: Any, limit: int = 120) -> str:
 
 def _voting_mechanism(labelling: dict[str, Any]) -> str:
     sigma = f"vote noise sigma = {sig(labelling.get('sigma'))} votes"
+    if labelling.get("mechanism") == "token_gnmax":
+        return (
+            f"GNMax per token over public candidates: {sigma}; at most {labelling.get('max_tokens')} tokens per "
+            f"demonstration, every one charged; each demonstration's teachers split a "
+            f"{sig(labelling.get('sampling_rate'))} Poisson subsample"
+        )
     if labelling.get("mechanism") == "confident_gnmax":
         return (
             f"confident GNMax: {sigma}; answers only where the noisy top count reaches "
@@ -228,6 +234,8 @@ def labelled_demonstrations(result: dict[str, Any]) -> list[str]:
         return []
     examples = labelling.get("examples") or []
     share = labelling.get("epsilon_share")
+    if labelling.get("mechanism") == "token_gnmax":
+        return _answered_demonstrations(labelling, examples, share)
     lines = [
         "## DP-labelled demonstrations",
         "",
@@ -257,6 +265,47 @@ def labelled_demonstrations(result: dict[str, Any]) -> list[str]:
         lines.append("")
     else:
         lines += ["No input was answered: the search ran without DP-labelled demonstrations.", ""]
+    return lines
+
+
+def _answered_demonstrations(labelling: dict[str, Any], examples: list[Any], share: Any) -> list[str]:
+    """The labelling phase of a generation task: DP answers voted token by token."""
+    synthetic = "synthetic_inputs" in labelling
+    asked = (
+        f"generated {labelling.get('queries')} demonstrations whole, input then answer"
+        if synthetic
+        else f"answered {labelling.get('queries')} public unlabelled inputs"
+    )
+    lines = [
+        "## DP-answered demonstrations",
+        "",
+        f"Before the search, {labelling.get('teachers')} teachers {asked}, one token at a time. Each teacher is "
+        f"the task's prompt with up to {labelling.get('max_demos')} records of its own group as demonstrations; "
+        "the groups are disjoint (a keyed hash of the record) within a fresh subsample per demonstration, so one "
+        "record changes one teacher's votes. Each token was the noisy argmax of the teachers' votes over "
+        "candidates computed from public values only, and the answered inputs joined the public demonstrations "
+        "of the search. **"
+        + ("The generated inputs and their answers" if synthetic else "The inputs are public; the answers")
+        + " are DP outputs** covered by the guarantee above.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| answered | **{labelling.get('answered')} of {labelling.get('queries')}** |",
+        f"| teachers | {labelling.get('teachers')} (up to {labelling.get('max_demos')} demonstrations each) |",
+        f"| mechanism | {_voting_mechanism(labelling)} |",
+        f"| answering epsilon | {eps(labelling.get('epsilon'))} alone (calibrated to a share of "
+        f"{sig(share)} of the budget); composed with the search into the total above |",
+        "",
+    ]
+    if examples:
+        lines += ["| # | input | DP answer |", "|---|---|---|"]
+        lines += [
+            f"| {number} | {_cell(example.get('text', ''))} | {_cell(example.get('reference', ''), 60)} |"
+            for number, example in enumerate(examples, start=1)
+        ]
+        lines.append("")
+    else:
+        lines += ["No demonstration was answered: the search ran without DP demonstrations.", ""]
     return lines
 
 

@@ -250,3 +250,15 @@ def test_synthetic_inputs_are_refused_beside_public_inputs_and_on_classification
                              **{**SETTINGS, "labelling": {"synthetic_inputs": 2}})
     with pytest.raises(ConfigError, match="dp.labelling.synthetic_inputs: applies to generation tasks"):
         build(labelled_task(), labelling={"teachers": 6, "synthetic_inputs": 2})
+
+
+def test_the_report_shows_the_answers_as_dp_outputs(answered) -> None:
+    from dp_textgrad.report.markdown import labelled_demonstrations
+
+    _, _, run_dir = answered
+    result = json.loads((run_dir / "result.json").read_text())
+    text = "\n".join(labelled_demonstrations(result))
+    assert "## DP-answered demonstrations" in text and "GNMax per token over public candidates" in text
+    assert "the answers are DP outputs" in text
+    for example in result["labelling"]["examples"]:
+        assert f"| {example['reference']} |" in text
