@@ -241,7 +241,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     s = result["summary"]
-    lines = ["| row | mean test score | per seed | retained gain |", "|---|---|---|---|"]
+    lines = ["| row | mean test score | per seed | retained gain (mean of per-seed ratios) |", "|---|---|---|---|"]
     for label, value in s["rows"].items():
         retained = s["retained"].get(label)
         lines.append(f"| {label} | {value['mean']:.3f} | {', '.join(f'{v:.3f}' for v in value['per_seed'])} | "
@@ -286,12 +286,15 @@ def main(argv: list[str] | None = None) -> int:
                 if (args.task, row, seed, eps) in done:
                     continue
                 record = run_row(row, seed, eps, task, engine, setup)
+                record["command"] = run_records.command_line("benchmarks/dp_answers_utility.py", argv)
                 run_records.append_run(work_file, record)
                 print(f"{args.task} seed {seed} {row} eps {eps}: {record['test_score']:.3f} "
                       f"({record['wall_seconds']:.0f} s)", flush=True)
     rows = [r for r in run_records.read_runs(work_file) if r["task"] == args.task]
+    # Rows written before commands were recorded per row came from the first grid's command.
+    first = "python benchmarks/dp_answers_utility.py --task support_extract --seeds 3 --epsilons 1 4"
     result = {
-        "command": run_records.command_line("benchmarks/dp_answers_utility.py", argv),
+        "commands": sorted({str(r.get("command", first)) for r in rows}),
         "date": dt.date.today().isoformat(),
         "setup": dataclasses.asdict(setup),
         "machine": "2 CPU cores, local llama.cpp engine (Gemma 3 270M Q4_K_M)",
