@@ -25,6 +25,7 @@ answers are voted. Paired bootstrap intervals (test records and seeds resampled 
     python benchmarks/dp_answers_utility.py --task support_extract --seeds 3 --epsilons 1 4
     python benchmarks/dp_answers_utility.py --task snips --seeds 2 --epsilons 4 --n-test 200
     python benchmarks/dp_answers_utility.py --table benchmarks/results/dp_answers_support_extract.json
+    python benchmarks/dp_answers_utility.py --cost 10 30 60 --queries 2 --epsilons 1 4   # idle machine
 """
 
 from __future__ import annotations
@@ -251,6 +252,24 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cost_sweep(task: Any, engine: Any, setup: Setup, teachers: list[int], epsilons: list[float]) -> list[dict]:
+    """Teacher calls, prompt tokens and seconds per DP answer, by number of teachers and epsilon
+    (run it on an idle machine: the seconds are wall time)."""
+    bare = dataclasses.replace(task, public_examples=[])
+    rows = []
+    for count in teachers:
+        for eps in epsilons:
+            labelled, cost = answers(bare, engine, dataclasses.replace(setup, teachers=count), eps, 0)
+            per = max(1, setup.queries)
+            rows.append({"teachers": count, "epsilon": eps, "sigma": cost["sigma"],
+                         "sampling_rate": cost["sampling_rate"], "answered": labelled.answered,
+                         "seconds_per_answer": cost["answer_seconds"] / per,
+                         "engine_calls_per_answer": cost["answer_engine_calls"] / per,
+                         "prompt_tokens_per_answer": cost["answer_prompt_tokens"] / per})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -266,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print the tables of a results file and stop")
+    parser.add_argument("--cost", type=int, nargs="+", default=None, metavar="TEACHERS",
+                        help="measure the cost per answer for these numbers of teachers (seed 0) and stop")
     args = parser.parse_args(argv)
     if args.table is not None:
         print(table(json.loads(args.table.read_text(encoding="utf-8"))))
@@ -273,6 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     defaults = {"support_extract": (600, 100), "snips": (2000, 200)}[args.task]
     setup = Setup(task=args.task, n_private=args.n_private or defaults[0], n_test=args.n_test or defaults[1],
                   queries=args.queries, teachers=args.teachers)
+    if args.cost is not None:
+        from dp_textgrad.engines.llama_cpp import LlamaCppEngine
+
+        engine = LlamaCppEngine()
+        rows = cost_sweep(build_task(setup, 0, args.data_dir), engine, setup, args.cost, args.epsilons)
+        output = args.output or REPO_ROOT / "benchmarks" / "results" / f"dp_answers_cost_{args.task}.json"
+        output.write_text(json.dumps({"command": run_records.command_line("benchmarks/dp_answers_utility.py", argv),
+                                      "date": dt.date.today().isoformat(), "setup": dataclasses.asdict(setup),
+                                      "machine": "2 CPU cores, local llama.cpp engine (Gemma 3 270M Q4_K_M)",
+                                      "rows": rows}, indent=1) + "\n", encoding="utf-8")
+        return 0
     work_file = args.work_dir / f"{args.task}.jsonl"
     work_file.parent.mkdir(parents=True, exist_ok=True)
     done = {key(r) for r in run_records.read_runs(work_file)}

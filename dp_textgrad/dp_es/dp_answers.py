@@ -124,21 +124,7 @@ class TeacherAnswers:
         return _unique([*proposed, *self._input_pieces, self._end])
 
     def votes(self, answer: str, candidates: Sequence[str]) -> list[Vote]:
-        votes: list[Vote] = []
-        for teacher, prefix in enumerate(self._prefixes):
-            if prefix is None:
-                votes.append(None)
-                continue
-            try:
-                scores = np.asarray(self._engine.score_choices_batch(prefix, [answer], candidates), dtype=float)
-            except Exception:  # noqa: BLE001 - the teacher abstains; the error text may quote its records
-                scores = None
-            if scores is None or scores.shape != (1, len(candidates)) or not np.all(np.isfinite(scores)):
-                self._prefixes[teacher] = None  # abstains for the rest of this query (a fixed rule)
-                votes.append(None)
-                continue
-            votes.append(int(np.argmax(scores[0])))
-        return votes
+        return _teacher_votes(self._engine, self._prefixes, answer, candidates)
 
     def extend(self, answer: str, token: str) -> tuple[str, bool]:
         answer += token
@@ -146,6 +132,28 @@ class TeacherAnswers:
         if cuts:
             return answer[: min(cuts)], True
         return answer, False
+
+
+def _teacher_votes(engine: Engine, prefixes: list[str | None], suffix: str, candidates: Sequence[str]) -> list[Vote]:
+    """Each teacher's vote: the candidate it scores highest after its prefix and ``suffix``; None
+    for a teacher without a prompt. A teacher whose call fails, or returns scores of the wrong
+    shape or not finite, abstains, and its prefix is set to None: it abstains for the rest of the
+    query (a fixed rule; the error text may quote its records and is dropped)."""
+    votes: list[Vote] = []
+    for teacher, prefix in enumerate(prefixes):
+        if prefix is None:
+            votes.append(None)
+            continue
+        try:
+            scores = np.asarray(engine.score_choices_batch(prefix, [suffix], candidates), dtype=float)
+        except Exception:  # noqa: BLE001 - the teacher abstains; the error text may quote its records
+            scores = None
+        if scores is None or scores.shape != (1, len(candidates)) or not np.all(np.isfinite(scores)):
+            prefixes[teacher] = None
+            votes.append(None)
+            continue
+        votes.append(int(np.argmax(scores[0])))
+    return votes
 
 
 # Separates a generated input from its answer in the running text of a synthetic demonstration
@@ -191,12 +199,7 @@ class SyntheticTeacherAnswers(TeacherAnswers):
     def votes(self, answer: str, candidates: Sequence[str]) -> list[Vote]:
         if INPUT_END in answer:
             return super().votes(answer.split(INPUT_END, 1)[1], candidates)
-        answering, self._prefixes = getattr(self, "_prefixes", None), self._input_prefixes
-        try:
-            return super().votes(answer, candidates)
-        finally:
-            if answering is not None:
-                self._prefixes = answering
+        return _teacher_votes(self._engine, self._input_prefixes, answer, candidates)
 
     def extend(self, answer: str, token: str) -> tuple[str, bool]:
         if INPUT_END in answer:
