@@ -93,3 +93,15 @@ def test_dp_demonstrations_need_public_inputs_a_labelling_phase_and_a_token_engi
     with pytest.raises(ConfigError, match="answer_predictor: name the optimized predictor"):
         dp_demos_optimizer(tmp_path).compile(Pipeline(), trainset=records(40))
     assert not any(tmp_path.rglob("ledger.jsonl"))  # every refusal came before any charge
+
+
+def test_the_plan_plans_the_answers_with_the_search(tmp_path) -> None:
+    dpes = dp_demos_optimizer(tmp_path)
+    planned = dpes.plan(Classifier(), records(200), show=False)
+    without = DPES(bool_metric, lm=mood_lm(), engine=TeacherEngine(), runs_root=tmp_path,
+                   **{**RUN, "epsilon": 4.0, "dataset_size": 200}).plan(Classifier(), records(200), show=False)
+    assert planned.epsilon <= 4.0 + 1e-9 and without.epsilon <= 4.0 + 1e-9
+    assert planned.noise > without.noise  # the answers take a share: the search gets more noise
+    dpes.compile(Classifier(), trainset=records(200))
+    assert dpes.outcome is not None
+    assert abs(dpes.outcome.result.epsilon - planned.epsilon) < 1e-6
