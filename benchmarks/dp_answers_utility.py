@@ -12,6 +12,8 @@ sees a public labelled example. Rows, per seed and epsilon:
 * ``dp_demos_dp_es``: the product path, ``dp.labelling`` on the generation task: the answers at
   ``--share`` of E, then DP-ES on the rest with the answers as its demonstrations;
 * ``public_dp_es``: DP-ES at epsilon E with the task's public labelled examples (the reference);
+* ``dp_demos_dp_es_span``: as ``dp_demos_dp_es`` with ``answer_filter: span`` (extraction: answers
+  kept only when they ended and appear verbatim in their input; a public rule, no privacy cost);
 * ``teachers_nonprivate``: the seed prompt and the teachers' answers without noise and without a
   charge (NOT private: the ceiling of the method on this model; epsilon-free, one per seed);
 * ``synthetic_demos``: the seed prompt and ``--queries`` demonstrations generated whole, input and
@@ -50,7 +52,8 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import run_records  # noqa: E402 - after the path insert
 
 DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "dp_answers_utility"
-ROWS = ("seed", "teachers_nonprivate", "dp_es", "dp_demos", "dp_demos_dp_es", "public_dp_es", "synthetic_demos")
+ROWS = ("seed", "teachers_nonprivate", "dp_es", "dp_demos", "dp_demos_dp_es", "public_dp_es", "dp_demos_dp_es_span",
+        "synthetic_demos")
 EPSILON_FREE = ("seed", "teachers_nonprivate")
 
 
@@ -172,10 +175,11 @@ def run_row(row: str, seed: int, epsilon: float | None, task: Any, engine: Any, 
         prompt, extra = search(bare, engine, setup, epsilon, seed)
     elif row == "public_dp_es":
         prompt, extra = search(dataclasses.replace(task, public_inputs=[]), engine, setup, epsilon, seed)
-    elif row == "dp_demos_dp_es":
+    elif row in ("dp_demos_dp_es", "dp_demos_dp_es_span"):
         prompt, extra = search(bare, engine, setup, epsilon, seed,
                                labelling={"queries": setup.queries, "epsilon_share": setup.share,
-                                          **({"teachers": setup.teachers} if setup.teachers else {})})
+                                          **({"teachers": setup.teachers} if setup.teachers else {}),
+                                          **({"answer_filter": "span"} if row.endswith("_span") else {})})
     else:
         raise ValueError(f"row: unknown {row!r}")
     scores = [round(float(v), 4) for v in task.public_scores(engine, prompt, task.test)]
@@ -216,7 +220,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 out["rows"][label] = {"mean": float(np.mean(values)), "per_seed": values,
                                       "ci95": run_records.t_interval(values)}
     for eps in epsilons:
-        for name in ("dp_es", "dp_demos", "dp_demos_dp_es", "teachers_nonprivate", "synthetic_demos"):
+        for name in ("dp_es", "dp_demos", "dp_demos_dp_es", "dp_demos_dp_es_span", "teachers_nonprivate",
+                     "synthetic_demos"):
             gains = []
             for s in seeds:
                 base, ref = by.get((task, "seed", s, None)), by.get((task, "public_dp_es", s, eps))
@@ -225,11 +230,13 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     gains.append((mine["test_score"] - base["test_score"]) / (ref["test_score"] - base["test_score"]))
             if gains:
                 out["retained"][f"{name} eps{eps:g}"] = {"mean": float(np.mean(gains)), "per_seed": gains}
-        for other in ("public_dp_es", "dp_es"):
-            pairs = [(by[(task, "dp_demos_dp_es", s, eps)]["test_scores"], by[(task, other, s, eps)]["test_scores"])
-                     for s in seeds if (task, "dp_demos_dp_es", s, eps) in by and (task, other, s, eps) in by]
+        for mine, other in (("dp_demos_dp_es", "public_dp_es"), ("dp_demos_dp_es", "dp_es"),
+                            ("dp_demos_dp_es_span", "public_dp_es"), ("dp_demos_dp_es_span", "dp_es"),
+                            ("dp_demos", "dp_es")):
+            pairs = [(by[(task, mine, s, eps)]["test_scores"], by[(task, other, s, eps)]["test_scores"])
+                     for s in seeds if (task, mine, s, eps) in by and (task, other, s, eps) in by]
             if pairs:
-                out["paired"][f"dp_demos_dp_es - {other} eps{eps:g}"] = paired_difference(pairs)
+                out["paired"][f"{mine} - {other} eps{eps:g}"] = paired_difference(pairs)
     costs = [r for r in rows if r["row"] in ("dp_demos", "teachers_nonprivate") and "answer_seconds" in r]
     if costs:
         out["cost_per_answer"] = {
@@ -276,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="support_extract", choices=("support_extract", "snips"))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0])
-    parser.add_argument("--rows", nargs="+", default=[r for r in ROWS if r != "synthetic_demos"], choices=ROWS)
+    parser.add_argument("--rows", nargs="+", default=[r for r in ROWS if r not in ("synthetic_demos",
+                                                                                  "dp_demos_dp_es_span")],
+                        choices=ROWS)
     parser.add_argument("--n-private", type=int, default=None)
     parser.add_argument("--n-test", type=int, default=None)
     parser.add_argument("--queries", type=int, default=6)

@@ -138,6 +138,12 @@ class LabellingConfig(BaseModel):
     max_input_tokens: int = Field(
         48, ge=1, le=512, description="synthetic_inputs: the public cap on a generated input's tokens"
     )
+    answer_filter: Literal["none", "ended", "span"] = Field(
+        "none",
+        description="generation tasks: drop released answers by a public rule (no privacy cost): 'ended' keeps "
+        "answers that released their end before the token cap, 'span' (extraction) those that also appear "
+        "verbatim in their input",
+    )
 
     @field_validator("epsilon_share")
     @classmethod
@@ -186,6 +192,7 @@ class LabellingConfig(BaseModel):
                 "sampling_rate",
                 "synthetic_inputs",
                 "max_input_tokens",
+                "answer_filter",
             )
             if getattr(self, name) != type(self).model_fields[name].default
         ]

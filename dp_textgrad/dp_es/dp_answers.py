@@ -118,6 +118,8 @@ class TeacherAnswers:
         self._k = candidates
         self._input_pieces = _unique(engine.text_pieces(" " + text)) if copy_input else []
         self._end = end_marker(task)
+        self.text = text
+        self.ended = False  # whether a released token ended the answer (public: a function of releases)
 
     def candidates(self, answer: str) -> list[str]:
         proposed = self._engine.top_next_pieces(self._public_prefix, answer, self._k)
@@ -130,6 +132,7 @@ class TeacherAnswers:
         answer += token
         cuts = [answer.find(stop) for stop in self._task.stop if stop in answer]
         if cuts:
+            self.ended = True
             return answer[: min(cuts)], True
         return answer, False
 
@@ -189,6 +192,7 @@ class SyntheticTeacherAnswers(TeacherAnswers):
         ]
         self._public_input_prefix = task.render_prefix(proposal_prompt) + head
         self._input_steps = 0
+        self.text, self.ended = "", False
 
     def candidates(self, answer: str) -> list[str]:
         if INPUT_END in answer:
@@ -229,6 +233,23 @@ class SyntheticTeacherAnswers(TeacherAnswers):
         return text + INPUT_END, False
 
 
+#: Public rules that drop released answers (post-processing: no privacy cost). ``ended``: the
+#: answer released its end (a stop string) before the token cap; ``span``: ended, holds a letter
+#: or digit, and appears verbatim in its input (extraction copies a span of the input).
+ANSWER_FILTERS = ("none", "ended", "span")
+
+
+def kept_answer(answer: str, text: str, ended: bool, answer_filter: str) -> bool:
+    """Whether ``answer`` (stripped, non-empty) survives ``answer_filter`` (:data:`ANSWER_FILTERS`)."""
+    if answer_filter not in ANSWER_FILTERS:
+        raise ValueError(f"answer_filter: use one of {', '.join(ANSWER_FILTERS)}, got {answer_filter!r}")
+    if answer_filter == "none":
+        return True
+    if not ended:
+        return False
+    return answer_filter == "ended" or (any(c.isalnum() for c in answer) and answer in text)
+
+
 def _unique(pieces: Sequence[str]) -> list[str]:
     """Non-empty pieces, first occurrence kept, in order."""
     seen: dict[str, None] = {}
@@ -252,6 +273,7 @@ def dp_answers(
     candidates: int = DEFAULT_CANDIDATES,
     copy_input: bool = True,
     max_input_tokens: int | None = None,
+    answer_filter: str = "none",
     label: str = LEDGER_LABEL,
 ) -> DPLabelled:
     """DP answers for ``public_inputs`` by a token-by-token noisy vote of ``plan.teachers`` teachers.
@@ -281,6 +303,7 @@ def dp_answers(
             raise ValueError(f"plan: planned for {plan.queries} public inputs, got {len(inputs)}")
     max_demos = positive_int(max_demos, "max_demos")
     candidates = positive_int(candidates, "candidates")
+    kept_answer("", "", False, answer_filter)  # its check of the name, before any charge
     prompt = task.seed_prompt if prompt is None else prompt
     # A synthetic input is at most max_input_tokens long: the cap reserves that much for it.
     answer_tokens = plan.mechanism.max_tokens - (max_input_tokens or 0)
@@ -288,14 +311,20 @@ def dp_answers(
     count = _count_tokens(engine) if cap is not None else None
     proposal = public_prompt(task, prompt, max_demos)
 
+    opened: list[TeacherAnswers] = []
+
     def open_query(index: int, partition: TeacherPartition[Any]) -> TeacherAnswers:
         prompts = [
             teacher_prompt(task, group, prompt, max_demos, key=key, count_tokens=count, max_prefix_tokens=cap)
             for group in partition.groups()
         ]
+        query: TeacherAnswers
         if max_input_tokens is not None:
-            return SyntheticTeacherAnswers(engine, task, prompts, proposal, candidates, copy_input, max_input_tokens)
-        return TeacherAnswers(engine, task, inputs[index], prompts, proposal, candidates, copy_input)
+            query = SyntheticTeacherAnswers(engine, task, prompts, proposal, candidates, copy_input, max_input_tokens)
+        else:
+            query = TeacherAnswers(engine, task, inputs[index], prompts, proposal, candidates, copy_input)
+        opened.append(query)
+        return query
 
     raw = answer_by_vote(
         ledger, plan.mechanism, task.private_train, key, plan.teachers, plan.queries, open_query, noise, label
@@ -304,7 +333,10 @@ def dp_answers(
         pairs = [text.split(INPUT_END, 1) if INPUT_END in text else ["", ""] for text in raw]
         inputs = [pair[0].strip() for pair in pairs]
         raw = [pair[1] if pair[0].strip() else "" for pair in pairs]
-    answers = tuple(answer.strip() or None for answer in raw)
+    answers = tuple(
+        answer.strip() if answer.strip() and kept_answer(answer.strip(), text, query.ended, answer_filter) else None
+        for answer, text, query in zip(raw, inputs, opened, strict=True)
+    )
     examples = tuple(
         GenerationExample(text=text, reference=answer) for text, answer in zip(inputs, answers) if answer is not None
     )
@@ -315,6 +347,7 @@ def dp_answers(
         "max_demos": max_demos,
         "candidates": candidates,
         "copy_input": bool(copy_input),
+        "answer_filter": answer_filter,
         **({"max_input_tokens": max_input_tokens, "synthetic_inputs": inputs} if synthetic else {}),
         "answered": len(examples),
         "ledger_label": label,
@@ -325,6 +358,7 @@ def dp_answers(
 
 
 __all__ = [
+    "ANSWER_FILTERS",
     "DEFAULT_CANDIDATES",
     "INPUT_END",
     "SyntheticTeacherAnswers",
@@ -332,5 +366,6 @@ __all__ = [
     "answer_prefix_cap",
     "dp_answers",
     "end_marker",
+    "kept_answer",
     "public_prompt",
 ]

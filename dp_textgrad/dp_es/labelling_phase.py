@@ -198,6 +198,7 @@ def run_labelling(
             candidates=settings.candidates,
             copy_input=settings.copy_input,
             max_input_tokens=settings.max_input_tokens if synthetic else None,
+            answer_filter=settings.answer_filter,
         )
     else:
         labelled = dp_labels(

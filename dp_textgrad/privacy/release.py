@@ -104,6 +104,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "candidates": PUBLIC,  # the public model's top tokens per step
         "copy_input": PUBLIC,  # the public input's tokens are candidates too
         "max_input_tokens": PUBLIC,  # synthetic demonstrations: the cap on a generated input
+        "answer_filter": PUBLIC,  # the public rule that drops released answers (post-processing)
         "synthetic_inputs": DP_OUTPUT,  # synthetic demonstrations: the generated inputs (token votes)
         "queries": PUBLIC,  # the public inputs asked (the first ones of the public pool)
         "teachers": PUBLIC,  # settings (or the default from the declared or DP-counted N)

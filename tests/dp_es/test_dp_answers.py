@@ -262,3 +262,28 @@ def test_the_report_shows_the_answers_as_dp_outputs(answered) -> None:
     assert "the answers are DP outputs" in text
     for example in result["labelling"]["examples"]:
         assert f"| {example['reference']} |" in text
+
+
+def test_the_answer_filters_are_public_rules_on_released_answers() -> None:
+    from dp_textgrad.dp_es.dp_answers import kept_answer
+
+    text = "Parcel 3 was sent to Rome"
+    assert kept_answer("junk", text, False, "none")
+    assert not kept_answer("Rome", text, False, "ended") and kept_answer("junk", text, True, "ended")
+    assert kept_answer("Rome", text, True, "span") and kept_answer("sent to Rome", text, True, "span")
+    assert not kept_answer("Oslo", text, True, "span") and not kept_answer("Rome", text, False, "span")
+    assert not kept_answer(" ", text, True, "span")  # no letter or digit
+    with pytest.raises(ValueError, match="answer_filter"):
+        kept_answer("Rome", text, True, "strict")
+
+
+def test_a_span_filtered_run_releases_only_answers_found_in_their_inputs(tmp_path) -> None:
+    engine = TeacherGenerator()
+    labelling = {**LABELLING, "answer_filter": "span"}
+    outcome = dp_textgrad.optimize(answers_task(), engine, runs_root=tmp_path, dataset_size=200,
+                                   **{**SETTINGS, "labelling": labelling})
+    labels = json.loads((Path(outcome.run_dir) / "labels.json").read_text())
+    assert labels["answer_filter"] == "span" and labels["examples"]
+    for example in labels["examples"]:
+        assert example["reference"] in example["text"]
+    assert all(v is None or v in t for v, t in zip(labels["labels"], labels["inputs"]))
