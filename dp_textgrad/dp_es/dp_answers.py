@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dp_textgrad.dp_es.labelling import DEFAULT_MAX_DEMOS, LEDGER_LABEL, DPLabelled, _count_tokens, teacher_prompt
+from dp_textgrad.dp_es.labelling import DEFAULT_MAX_DEMOS, LEDGER_LABEL, DPLabelled, teacher_prompt, token_counter
 from dp_textgrad.privacy.token_voting import AnsweringPlan, answer_by_vote
 from dp_textgrad.privacy.validation import positive_int
 from dp_textgrad.privacy.voting import TeacherPartition, Vote
@@ -76,7 +76,7 @@ def answer_prefix_cap(
     context = getattr(engine, "context_tokens", None)
     if context is None:
         return None
-    count = _count_tokens(engine)
+    count = token_counter(engine)
     if input_tokens is not None:
         longest_input = count(task.render_record("")) + int(input_tokens)
     else:
@@ -308,7 +308,7 @@ def dp_answers(
     # A synthetic input is at most max_input_tokens long: the cap reserves that much for it.
     answer_tokens = plan.mechanism.max_tokens - (max_input_tokens or 0)
     cap = answer_prefix_cap(engine, task, inputs, prompt, answer_tokens, input_tokens=max_input_tokens)
-    count = _count_tokens(engine) if cap is not None else None
+    count = token_counter(engine) if cap is not None else None
     proposal = public_prompt(task, prompt, max_demos)
 
     opened: list[TeacherAnswers] = []

@@ -203,7 +203,8 @@ def teacher_prompt(
     return compose_prompt(task, prompt, demos)
 
 
-def _count_tokens(engine: Engine) -> Callable[[str], int]:
+def token_counter(engine: Engine) -> Callable[[str], int]:
+    """The engine's token counter (the preflight's length tools): public caps on prompts use it."""
     from dp_textgrad.dp_es.preflight import length_tools
 
     return length_tools(engine)[0]
@@ -217,7 +218,7 @@ def prefix_token_cap(engine: Engine, task: ClassificationTask, public_inputs: Se
     context = getattr(engine, "context_tokens", None)
     if context is None:
         return None
-    count = _count_tokens(engine)
+    count = token_counter(engine)
     longest_input = max(count(task.render_record(text)) for text in public_inputs)
     longest_label = max(count(task.verbalizers[label]) for label in task.labels)
     cap = int(context) - longest_input - (longest_label + 1) - 1
@@ -262,7 +263,7 @@ def teacher_votes(
     suffixes = [task.render_record(text) for text in public_inputs]
     choices = [task.verbalizers[label] for label in task.labels]
     queries = len(suffixes)
-    count = _count_tokens(engine) if max_prefix_tokens is not None else None
+    count = token_counter(engine) if max_prefix_tokens is not None else None
 
     def vote(group: PrivateBatch[Example]) -> list[Vote]:
         abstain: list[Vote] = [None] * queries
@@ -366,4 +367,5 @@ __all__ = [
     "teacher_demos",
     "teacher_prompt",
     "teacher_votes",
+    "token_counter",
 ]
