@@ -269,14 +269,8 @@ TOKEN_CAUGHT = {
 
 
 def token_table() -> str:
-    rows = ["| mechanism | code | flagged | runs (members) | eps_lb | claim | eps_lb / claim |",
-            "|---|---|---|---|---|---|---|"]
-    for name, settings in TOKEN_SETTINGS.items():
-        for label in ("correct", *TOKEN_CAUGHT[name]):
-            with TOKEN_MUTANTS[label]():
-                result = run_token_audit(name)
-            rows.append(_row(f"token vote, canary answer {name!r} (delta = {settings['delta']:g})", label, result))
-    return "\n".join(rows)
+    return _caught_table(TOKEN_SETTINGS, TOKEN_CAUGHT, TOKEN_MUTANTS, run_token_audit,
+                         lambda name: f"token vote, canary answer {name!r}")
 
 
 def _row(label: str, code: str, result) -> str:
@@ -297,13 +291,18 @@ def table() -> str:
 
 
 def voting_table() -> str:
+    return _caught_table(VOTING_SETTINGS, VOTING_CAUGHT, VOTING_MUTANTS, run_voting_audit, lambda name: f"voting {name}")
+
+
+def _caught_table(settings, caught, mutants, run, describe) -> str:
+    """One row per audit row and code: the correct code, then each mutant that row must flag."""
     rows = ["| mechanism | code | flagged | runs (members) | eps_lb | claim | eps_lb / claim |",
             "|---|---|---|---|---|---|---|"]
-    for name, settings in VOTING_SETTINGS.items():
-        for label in ("correct", *VOTING_CAUGHT[name]):
-            with VOTING_MUTANTS[label]():
-                result = run_voting_audit(name)
-            rows.append(_row(f"voting {name} (delta = {settings['delta']:g})", label, result))
+    for name, setting in settings.items():
+        for label in ("correct", *caught[name]):
+            with mutants[label]():
+                result = run(name)
+            rows.append(_row(f"{describe(name)} (delta = {setting['delta']:g})", label, result))
     return "\n".join(rows)
 
 

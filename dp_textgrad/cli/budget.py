@@ -382,46 +382,34 @@ def _print_labelling(plan, delta: float) -> None:
     settings = plan.config.labelling
     sigma = plan.labelling_sigma
     alone = plan.labelling_epsilons(delta)
+    own = (
+        f"its own epsilon {format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, "
+        f"smallest accountant); the search is calibrated so that {'answers' if settings.answers else 'labelling'} "
+        "and search composed fit the rest"
+    )
     if settings.answers:
-        console.print(
-            f"Labelling phase (before the search): DP answers voted token by token (GNMax over the public model's "
-            f"top {settings.candidates} tokens"
-            + (" and the input's own" if settings.copy_input else "")
-            + f"), vote noise sigma = {sigma:.4g} votes, "
-            + (
-                f"{settings.queries} demonstrations generated whole, input and answer, of at most "
-                f"{settings.max_input_tokens} + {settings.max_answer_tokens} tokens each"
-                if settings.synthetic_inputs is not None
-                else f"{settings.queries} public inputs (queries) of at most {settings.max_answer_tokens} tokens each"
-            )
-            + f" (every token charged), {settings.teachers} teachers of up to "
-            f"{settings.max_demos} demonstrations from a {settings.sampling_rate:.3g} subsample per answer; its own "
-            f"epsilon {format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, smallest "
-            "accountant); the search is calibrated so that answers and search composed fit the rest"
-        )
-        from dp_textgrad.dp_es.labelling_phase import noise_warning
+        from dp_textgrad.dp_es.labelling_phase import describe_answers
 
-        warning = noise_warning(sigma, settings.teachers)
-        if warning is not None:
-            console.print(f"Warning: {warning}.")
-        return
-    threshold = (
-        f"confident GNMax (threshold {settings.threshold:g} votes, threshold noise {settings.threshold_sigma:g})"
-        if settings.threshold is not None
-        else "GNMax"
-    )
-    teachers = (
-        f"{settings.teachers} teachers"
-        if settings.teachers is not None
-        else "teachers from the DP count of N (N / 20, between 10 and 100)"
-    )
-    console.print(
-        f"Labelling phase (before the search): {threshold}, vote noise sigma = {sigma:.4g} votes, "
-        f"{settings.queries} public inputs (queries), {teachers}, up to "
-        f"{settings.max_demos or DEFAULT_TEACHER_DEMOS} demonstrations each; its own epsilon "
-        f"{format_epsilon(min(alone.values()))} (share {settings.epsilon_share:g} of epsilon, "
-        "smallest accountant); the search is calibrated so that labelling and search composed fit the rest"
-    )
+        console.print(
+            f"Labelling phase (before the search): {describe_answers(settings)}; vote noise sigma = "
+            f"{sigma:.4g} votes; {own}"
+        )
+    else:
+        threshold = (
+            f"confident GNMax (threshold {settings.threshold:g} votes, threshold noise {settings.threshold_sigma:g})"
+            if settings.threshold is not None
+            else "GNMax"
+        )
+        teachers = (
+            f"{settings.teachers} teachers"
+            if settings.teachers is not None
+            else "teachers from the DP count of N (N / 20, between 10 and 100)"
+        )
+        console.print(
+            f"Labelling phase (before the search): {threshold}, vote noise sigma = {sigma:.4g} votes, "
+            f"{settings.queries} public inputs (queries), {teachers}, up to "
+            f"{settings.max_demos or DEFAULT_TEACHER_DEMOS} demonstrations each; {own}"
+        )
     from dp_textgrad.dp_es.labelling_phase import noise_warning
 
     warning = noise_warning(sigma, settings.teachers)

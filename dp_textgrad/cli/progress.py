@@ -206,24 +206,12 @@ class ConsoleDisplay:
         )
         if cfg.labelling is not None:  # public settings (teachers: given, or from the declared or counted N)
             lab = cfg.labelling
-            if lab.answers and lab.synthetic_inputs is not None:
+            if lab.answers:
+                from dp_textgrad.dp_es.labelling_phase import describe_answers
+
                 console.print(
-                    f"[bold]Labelling[/]: {lab.queries} demonstrations generated first, input then answer, token by "
-                    f"token, by a noisy vote (GNMax over the public model's top {lab.candidates} tokens) of "
-                    f"{lab.teachers} teachers, each showing up to {lab.max_demos} private records of its own from a "
-                    f"{lab.sampling_rate:.3g} subsample per demonstration; at most {lab.max_input_tokens} + "
-                    f"{lab.max_answer_tokens} tokens, all charged; calibrated to {lab.epsilon_share:g} of epsilon, "
-                    "composed with the search (labels.json)."
-                )
-            elif lab.answers:
-                console.print(
-                    f"[bold]Labelling[/]: {lab.queries} public inputs answered first, token by token, by a noisy "
-                    f"vote (GNMax over the public model's top {lab.candidates} tokens"
-                    + (" and the input's own" if lab.copy_input else "")
-                    + f") of {lab.teachers} teachers, each showing up to {lab.max_demos} private records of its own "
-                    f"from a {lab.sampling_rate:.3g} subsample per answer; at most {lab.max_answer_tokens} tokens, "
-                    f"all charged; calibrated to {lab.epsilon_share:g} of epsilon, composed with the search "
-                    "(labels.json)."
+                    f"[bold]Labelling[/]: first, {describe_answers(lab)}; calibrated to {lab.epsilon_share:g} of "
+                    "epsilon, composed with the search (labels.json)."
                 )
             else:
                 kind = "confident GNMax" if lab.threshold is not None else "GNMax"

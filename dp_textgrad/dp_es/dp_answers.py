@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dp_textgrad.dp_es.labelling import DEFAULT_MAX_DEMOS, LEDGER_LABEL, DPLabelled, teacher_prompt, token_counter
+from dp_textgrad.dp_es.labelling import (
+    DEFAULT_MAX_DEMOS,
+    LEDGER_LABEL,
+    DPLabelled,
+    checked_inputs,
+    teacher_prompt,
+    token_counter,
+)
 from dp_textgrad.privacy.token_voting import AnsweringPlan, answer_by_vote
 from dp_textgrad.privacy.validation import positive_int
 from dp_textgrad.privacy.voting import TeacherPartition, Vote
@@ -287,23 +294,19 @@ def dp_answers(
     if not isinstance(task, GenerationTask):
         raise TypeError("task: DP answers by a token vote need a generation task")
     synthetic = max_input_tokens is not None
-    inputs = [str(text) for text in public_inputs]
     if max_input_tokens is not None:
         max_input_tokens = positive_int(max_input_tokens, "max_input_tokens")
+        inputs = [str(text) for text in public_inputs]
         if inputs:
             raise ValueError("public_inputs: synthetic demonstrations generate their inputs; give none")
         if plan.mechanism.max_tokens <= max_input_tokens:
             raise ValueError("plan: its tokens per demonstration must leave room for an answer after the input")
     else:
-        if not inputs:
-            raise ValueError("public_inputs: give at least one public unlabelled input")
-        if any(not text.strip() for text in inputs):
-            raise ValueError("public_inputs: every public input must have text")
-        if plan.queries != len(inputs):
-            raise ValueError(f"plan: planned for {plan.queries} public inputs, got {len(inputs)}")
+        inputs = checked_inputs(public_inputs, plan.queries)
     max_demos = positive_int(max_demos, "max_demos")
     candidates = positive_int(candidates, "candidates")
-    kept_answer("", "", False, answer_filter)  # its check of the name, before any charge
+    if answer_filter not in ANSWER_FILTERS:
+        raise ValueError(f"answer_filter: use one of {', '.join(ANSWER_FILTERS)}, got {answer_filter!r}")
     prompt = task.seed_prompt if prompt is None else prompt
     # A synthetic input is at most max_input_tokens long: the cap reserves that much for it.
     answer_tokens = plan.mechanism.max_tokens - (max_input_tokens or 0)

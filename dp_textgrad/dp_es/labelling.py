@@ -303,6 +303,19 @@ class DPLabelled:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+def checked_inputs(public_inputs: Sequence[str], queries: int) -> list[str]:
+    """The public inputs of a teacher vote as texts, checked before any charge: at least one,
+    each with text, as many as the plan asks (``queries``)."""
+    inputs = [str(text) for text in public_inputs]
+    if not inputs:
+        raise ValueError("public_inputs: give at least one public unlabelled input")
+    if any(not text.strip() for text in inputs):
+        raise ValueError("public_inputs: every public input must have text")
+    if queries != len(inputs):
+        raise ValueError(f"plan: planned for {queries} public inputs, got {len(inputs)}")
+    return inputs
+
+
 def dp_labels(
     task: ClassificationTask,
     engine: Engine,
@@ -327,13 +340,7 @@ def dp_labels(
     """
     if not isinstance(task, ClassificationTask):
         raise TypeError("task: DP labels by a teacher vote need a classification task")
-    inputs = [str(text) for text in public_inputs]
-    if not inputs:
-        raise ValueError("public_inputs: give at least one public unlabelled input")
-    if any(not text.strip() for text in inputs):
-        raise ValueError("public_inputs: every public input must have text")
-    if plan.queries != len(inputs):
-        raise ValueError(f"plan: planned for {plan.queries} public inputs, got {len(inputs)}")
+    inputs = checked_inputs(public_inputs, plan.queries)
     if plan.mechanism.num_labels != len(task.labels):
         raise ValueError(
             f"plan: the mechanism votes over {plan.mechanism.num_labels} labels, the task has {len(task.labels)}"
@@ -360,6 +367,7 @@ def dp_labels(
 __all__ = [
     "DEFAULT_MAX_DEMOS",
     "DPLabelled",
+    "checked_inputs",
     "compose_prompt",
     "dp_labels",
     "load_unlabelled",

@@ -116,6 +116,24 @@ def _check_token_views(engine: Any) -> None:
             )
 
 
+def describe_answers(settings: LabellingConfig) -> str:
+    """The answering phase of a generation task in one clause, from its public settings (the
+    console's start and ``budget`` print it)."""
+    if settings.synthetic_inputs is not None:
+        what = f"{settings.queries} demonstrations generated whole, input then answer,"
+        tokens = f"{settings.max_input_tokens} + {settings.max_answer_tokens}"
+    else:
+        what = f"{settings.queries} public inputs answered"
+        tokens = f"{settings.max_answer_tokens}"
+    copied = " and the input's own" if settings.copy_input else ""
+    return (
+        f"{what} token by token by a noisy vote (GNMax over the public model's top {settings.candidates} "
+        f"tokens{copied}) of {settings.teachers} teachers, each showing up to {settings.max_demos} private records "
+        f"of its own from a {settings.sampling_rate:.3g} subsample per demonstration; at most {tokens} tokens "
+        "each, every one charged"
+    )
+
+
 def resolved_config(config: DPESConfig, task: Task) -> DPESConfig:
     """``config`` with its labelling phase's ``queries`` and ``teachers`` filled in from public
     values (the number of public inputs, the declared or counted N); unchanged without a phase or
@@ -173,23 +191,23 @@ def run_labelling(
     """The phase itself: the first ``plan.queries`` public inputs, labelled by
     :func:`~dp_textgrad.dp_es.labelling.dp_labels` (which checks public values, then charges,
     then lets the teachers vote). ``epsilons``: the phase's own bounds (public, for the record)."""
-    inputs = list(task.public_inputs) if settings.synthetic_inputs is None else [""] * plan.queries
     if settings.max_demos is None:
         raise ConfigError("labelling.max_demos: not resolved yet (resolved_config fills it in for the task)")
-    if len(inputs) < plan.queries:
+    synthetic = settings.synthetic_inputs is not None  # demonstrations generated whole: no public input
+    inputs = [] if synthetic else list(task.public_inputs)
+    if not synthetic and len(inputs) < plan.queries:
         raise ConfigError(
             f"task.public_inputs: the plan labels {plan.queries} public inputs and the task has {len(inputs)}; "
             "give more public inputs or lower dp.labelling.queries"
         )
     if isinstance(plan, AnsweringPlan):
-        synthetic = settings.synthetic_inputs is not None
         view = answering_view(task)
         if view is None:
             raise ConfigError("labelling: DP answers need a generation task (or a task's answering view)")
         labelled = dp_answers(
             view,
             engine,
-            [] if synthetic else inputs[: plan.queries],
+            inputs[: plan.queries],
             plan,
             ledger,
             noise.for_charge(LEDGER_LABEL),
@@ -216,7 +234,7 @@ def run_labelling(
         "epsilon_share": settings.epsilon_share,
         "epsilon": min(epsilons.values()) if epsilons else None,
         "epsilons": dict(epsilons),
-        "inputs": [] if settings.synthetic_inputs is not None else inputs[: plan.queries],
+        "inputs": inputs[: plan.queries],
     }
     return DPLabelled(labelled.examples, labelled.labels, labelled.answered, labelled.queries, metadata)
 
@@ -276,6 +294,7 @@ __all__ = [
     "answering_view",
     "charge_index",
     "check_task",
+    "describe_answers",
     "labels_payload",
     "noise_warning",
     "partition_key",

@@ -45,12 +45,18 @@ import dp_accounting
 import numpy as np
 
 from dp_textgrad.privacy.accounting.accountants import Accountant
-from dp_textgrad.privacy.accounting.bounds import smallest_bound
 from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.privacy.validation import positive_finite, positive_int
-from dp_textgrad.privacy.voting import GNMax, TeacherPartition, Vote, partition_teachers, vote_histograms
+from dp_textgrad.privacy.voting import (
+    GNMax,
+    LabellingPlan,
+    TeacherPartition,
+    Vote,
+    partition_teachers,
+    vote_histograms,
+)
 
 T = TypeVar("T")
 
@@ -206,49 +212,24 @@ def calibrate_token_gnmax(
     queries = positive_int(queries, "queries")
     max_tokens = positive_int(max_tokens, "max_tokens")
     rate = _sampling_rate(sampling_rate)
-    accountants = (
-        None if accountant is None else [accountant] if isinstance(accountant, Accountant) else list(accountant)
-    )
 
     def plan(z: float) -> dp_accounting.DpEvent:
         return TokenGNMax(z * TokenGNMax.l2_sensitivity, max_tokens, rate).event(queries)
 
     z = calibrate_noise_multiplier(plan, epsilon, delta, accountant)
     sigma = z * TokenGNMax.l2_sensitivity
-    # sigma / sqrt(2) may round below z: step up by ulps until the mechanism's own event fits.
-    for _ in range(64):
-        mechanism = TokenGNMax(sigma, max_tokens, rate)
-        if mechanism.noise_multiplier >= z or smallest_bound([mechanism.event(queries)], delta, accountants) <= epsilon:
-            return sigma
+    # sigma / sqrt(2) may round below z: step up by ulps to at least the calibrated (verified) noise.
+    while TokenGNMax(sigma, max_tokens, rate).noise_multiplier < z:
         sigma = math.nextafter(sigma, math.inf)
     return sigma
 
 
 @dataclass(frozen=True)
-class AnsweringPlan:
-    """The labelling phase of a generation task as the run's plan sees it: the mechanism, the
+class AnsweringPlan(LabellingPlan):
+    """The labelling phase of a generation task as the run's plan sees it: the token vote, the
     number of public inputs answered and of teachers (public), and the one event it charges."""
 
-    mechanism: TokenGNMax
-    queries: int
-    teachers: int
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "queries", positive_int(self.queries, "queries"))
-        object.__setattr__(self, "teachers", positive_int(self.teachers, "teachers"))
-
-    @property
-    def event(self) -> dp_accounting.DpEvent:
-        return self.mechanism.event(self.queries)
-
-    def events(self) -> list[dp_accounting.DpEvent]:
-        return [self.event]
-
-    def epsilon(self, delta: float, accountant: Accountant | Sequence[Accountant] | None = None) -> float:
-        accountants = (
-            None if accountant is None else [accountant] if isinstance(accountant, Accountant) else list(accountant)
-        )
-        return smallest_bound([self.event], delta, accountants)
+    mechanism: TokenGNMax  # type: ignore[assignment]  # narrowed: the token vote, not a label vote
 
 
 __all__ = [

@@ -228,85 +228,63 @@ def _voting_mechanism(labelling: dict[str, Any]) -> str:
 
 
 def labelled_demonstrations(result: dict[str, Any]) -> list[str]:
-    """The labelling phase (``result["labelling"]``): its release and the examples it labelled."""
+    """The labelling phase (``result["labelling"]``): its release and the examples it labelled
+    (a classification task's DP labels, or a generation task's DP answers voted token by token)."""
     labelling = result.get("labelling")
     if not labelling:
         return []
     examples = labelling.get("examples") or []
-    share = labelling.get("epsilon_share")
+    teachers, demos, queries = labelling.get("teachers"), labelling.get("max_demos"), labelling.get("queries")
     if labelling.get("mechanism") == "token_gnmax":
-        return _answered_demonstrations(labelling, examples, share)
+        synthetic = "synthetic_inputs" in labelling
+        title, phase, field, column = "## DP-answered demonstrations", "answering", "reference", "DP answer"
+        asked = (
+            f"generated {queries} demonstrations whole, input then answer, one token at a time"
+            if synthetic
+            else f"answered {queries} public unlabelled inputs, one token at a time"
+        )
+        how = (
+            "the groups are disjoint (a keyed hash of the record) within a fresh subsample per demonstration, so "
+            "one record changes one teacher's votes. Each token was the noisy argmax of the teachers' votes over "
+            "candidates computed from public values only"
+        )
+        released = (
+            "The generated inputs and their answers are" if synthetic else "The inputs are public; the answers are"
+        )
+        unit, nothing = "", "No demonstration was answered: the search ran without DP demonstrations."
+    else:
+        title, phase, field, column = "## DP-labelled demonstrations", "labelling", "label", "DP label"
+        asked = f"voted a label for each of {queries} public unlabelled inputs"
+        how = (
+            "the groups are disjoint (a keyed hash of the record), so one record changes one teacher's votes. The "
+            "vote counts were released through the noisy mechanism below"
+        )
+        released = "The inputs are public; the labels, and which and how many inputs were answered, are"
+        unit, nothing = " public inputs", "No input was answered: the search ran without DP-labelled demonstrations."
     lines = [
-        "## DP-labelled demonstrations",
+        title,
         "",
-        f"Before the search, {labelling.get('teachers')} teachers voted a label for each of "
-        f"{labelling.get('queries')} public unlabelled inputs. Each teacher is the task's prompt with up to "
-        f"{labelling.get('max_demos')} records of its own group as demonstrations; the groups are disjoint "
-        "(a keyed hash of the record), so one record changes one teacher's votes. The vote counts were "
-        "released through the noisy mechanism below, and the labelled inputs joined the public "
-        "demonstrations of the search. **The inputs are public; the labels, and which and how many inputs "
-        "were answered, are DP outputs** covered by the guarantee above.",
+        f"Before the search, {teachers} teachers {asked}. Each teacher is the task's prompt with up to {demos} "
+        f"records of its own group as demonstrations; {how}, and the answered inputs joined the public "
+        f"demonstrations of the search. **{released} DP outputs** covered by the guarantee above.",
         "",
         "| | |",
         "|---|---|",
-        f"| answered | **{labelling.get('answered')} of {labelling.get('queries')}** public inputs |",
-        f"| teachers | {labelling.get('teachers')} (up to {labelling.get('max_demos')} demonstrations each) |",
+        f"| answered | **{labelling.get('answered')} of {queries}**{unit} |",
+        f"| teachers | {teachers} (up to {demos} demonstrations each) |",
         f"| mechanism | {_voting_mechanism(labelling)} |",
-        f"| labelling epsilon | {eps(labelling.get('epsilon'))} alone (calibrated to a share of "
-        f"{sig(share)} of the budget); composed with the search into the total above |",
+        f"| {phase} epsilon | {eps(labelling.get('epsilon'))} alone (calibrated to a share of "
+        f"{sig(labelling.get('epsilon_share'))} of the budget); composed with the search into the total above |",
         "",
     ]
-    if examples:
-        lines += ["| # | public input | DP label |", "|---|---|---|"]
-        lines += [
-            f"| {number} | {_cell(example.get('text', ''))} | {_cell(example.get('label', ''), 60)} |"
-            for number, example in enumerate(examples, start=1)
-        ]
-        lines.append("")
-    else:
-        lines += ["No input was answered: the search ran without DP-labelled demonstrations.", ""]
-    return lines
-
-
-def _answered_demonstrations(labelling: dict[str, Any], examples: list[Any], share: Any) -> list[str]:
-    """The labelling phase of a generation task: DP answers voted token by token."""
-    synthetic = "synthetic_inputs" in labelling
-    asked = (
-        f"generated {labelling.get('queries')} demonstrations whole, input then answer"
-        if synthetic
-        else f"answered {labelling.get('queries')} public unlabelled inputs"
-    )
-    lines = [
-        "## DP-answered demonstrations",
-        "",
-        f"Before the search, {labelling.get('teachers')} teachers {asked}, one token at a time. Each teacher is "
-        f"the task's prompt with up to {labelling.get('max_demos')} records of its own group as demonstrations; "
-        "the groups are disjoint (a keyed hash of the record) within a fresh subsample per demonstration, so one "
-        "record changes one teacher's votes. Each token was the noisy argmax of the teachers' votes over "
-        "candidates computed from public values only, and the answered inputs joined the public demonstrations "
-        "of the search. **"
-        + ("The generated inputs and their answers" if synthetic else "The inputs are public; the answers")
-        + " are DP outputs** covered by the guarantee above.",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| answered | **{labelling.get('answered')} of {labelling.get('queries')}** |",
-        f"| teachers | {labelling.get('teachers')} (up to {labelling.get('max_demos')} demonstrations each) |",
-        f"| mechanism | {_voting_mechanism(labelling)} |",
-        f"| answering epsilon | {eps(labelling.get('epsilon'))} alone (calibrated to a share of "
-        f"{sig(share)} of the budget); composed with the search into the total above |",
-        "",
+    if not examples:
+        return [*lines, nothing, ""]
+    lines += [f"| # | {'public input' if field == 'label' else 'input'} | {column} |", "|---|---|---|"]
+    lines += [
+        f"| {number} | {_cell(example.get('text', ''))} | {_cell(example.get(field, ''), 60)} |"
+        for number, example in enumerate(examples, start=1)
     ]
-    if examples:
-        lines += ["| # | input | DP answer |", "|---|---|---|"]
-        lines += [
-            f"| {number} | {_cell(example.get('text', ''))} | {_cell(example.get('reference', ''), 60)} |"
-            for number, example in enumerate(examples, start=1)
-        ]
-        lines.append("")
-    else:
-        lines += ["No demonstration was answered: the search ran without DP demonstrations.", ""]
-    return lines
+    return [*lines, ""]
 
 
 def evaluation(result: dict[str, Any], image: str | None) -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dp_textgrad.audit.mechanism_audits.trials import MechanismAuditResult, Trials, claimed_epsilon
+from dp_textgrad.audit.mechanism_audits.trials import MechanismAuditResult, RecordingLedger, Trials, claimed_epsilon
 from dp_textgrad.audit.statistics.lower_bounds import EpsilonLowerBound, eps_lower_bound_from_scores
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.privacy.mechanisms import GaussianScoreMechanism, GumbelTopK, confusion_counts
@@ -90,19 +90,6 @@ class _Candidate:
         self.id, self.text = f"c{index}", f"candidate {index}"
 
 
-class _RecordingLedger:
-    """Records each charge; the claim is computed once from them (see the module docstring)."""
-
-    replayed = 0  # charges adopted on a resume: an audit never resumes
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-        self.unsafe = False
-
-    def spend(self, event: Any, label: str, metadata: Any = None) -> None:
-        self.events.append(event)
-
-
 def audit_scorer(
     *,
     mechanism: Literal["gaussian", "confusion", "failures", "exponential"] = "gaussian",
@@ -144,7 +131,7 @@ def audit_scorer(
     pool = [_Candidate(i) for i in range(k)]
     per_group = max(1, trials.runs // positions)
 
-    def arm(records: list[_Record], noise_seed: int, ledger: _RecordingLedger, count: int) -> np.ndarray:
+    def arm(records: list[_Record], noise_seed: int, ledger: RecordingLedger, count: int) -> np.ndarray:
         # A table task in place of a ClassificationTask, and no engine: the table gives the outcomes.
         # The failures audit runs a real GenerationTask with an engine that answers by rule.
         generating = mechanism == "failures"
@@ -175,9 +162,9 @@ def audit_scorer(
         selection = GumbelTopK(epsilon0, 1, clip_bound)
         return np.array([float(scorer.select(pool, selection, "audit")[0] == 0) for _ in range(count)])
 
-    ledger = _RecordingLedger()
+    ledger = RecordingLedger()
     base = 10_000 * (seed + 1)
-    nonmembers = arm([_Record(False) for _ in range(background)], base, _RecordingLedger(), trials.runs)
+    nonmembers = arm([_Record(False) for _ in range(background)], base, RecordingLedger(), trials.runs)
     bounds: list[EpsilonLowerBound] = []
     for position in range(positions):
         records = [_Record(False) for _ in range(background)]

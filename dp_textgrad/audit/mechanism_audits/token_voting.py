@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from dp_textgrad.audit.mechanism_audits.trials import MechanismAuditResult, Trials, claimed_epsilon
+from dp_textgrad.audit.mechanism_audits.trials import MechanismAuditResult, RecordingLedger, Trials, claimed_epsilon
 from dp_textgrad.audit.statistics.lower_bounds import eps_lower_bound_from_scores
 from dp_textgrad.privacy import voting
 from dp_textgrad.privacy.data import PrivateDataset
@@ -101,14 +101,6 @@ def _records(teachers: int, lead: int, canary_answer: str) -> tuple[list[Any], A
     return records, canary
 
 
-class _RecordingLedger:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def spend(self, event: Any, label: str, metadata: Any = None) -> None:
-        self.events.append(event)
-
-
 def audit_token_voting(
     *,
     canary_answer: str = "b",
@@ -133,7 +125,7 @@ def audit_token_voting(
     mechanism = TokenGNMax(sigma, max_tokens=1)
     plan = AnsweringPlan(mechanism, trials.runs, teachers)
 
-    def arm(records: list[Any], noise_seed: int, ledger: _RecordingLedger) -> np.ndarray:
+    def arm(records: list[Any], noise_seed: int, ledger: RecordingLedger) -> np.ndarray:
         task = GenerationTask(
             name="audit",
             description="audit",
@@ -161,8 +153,8 @@ def audit_token_voting(
         return np.array([float(answer == canary_answer) for answer in released.labels])
 
     base = 10_000 * (seed + 1)
-    ledger = _RecordingLedger()
-    nonmembers = arm(background, base, _RecordingLedger())
+    ledger = RecordingLedger()
+    nonmembers = arm(background, base, RecordingLedger())
     members = arm([*background, canary], base + 1, ledger)
     bound = eps_lower_bound_from_scores(members, nonmembers, delta, alpha, "bonferroni", thresholds=[0.5])
     charged = ledger.events

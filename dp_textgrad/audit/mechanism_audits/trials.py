@@ -54,6 +54,20 @@ class NoiseOff(NoiseSource):
         return np.zeros(size) if size is not None else 0.0
 
 
+class RecordingLedger:
+    """A ledger that records each charged event and nothing else: an audit charges thousands of
+    runs, so it asks the accountants once afterwards, from the recorded events."""
+
+    replayed = 0  # charges adopted on a resume: an audit never resumes
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.unsafe = False
+
+    def spend(self, event: Any, label: str, metadata: Any = None) -> None:
+        self.events.append(event)
+
+
 @dataclass(frozen=True)
 class MechanismAuditResult:
     """Claimed epsilon vs empirical lower bound (and the noise-off positive control)."""

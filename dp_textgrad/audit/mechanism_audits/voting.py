@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dp_textgrad.audit.mechanism_audits.trials import MechanismAuditResult, Trials, claimed_epsilon
+from dp_textgrad.audit.mechanism_audits.trials import MechanismAuditResult, RecordingLedger, Trials, claimed_epsilon
 from dp_textgrad.audit.statistics.lower_bounds import eps_lower_bound_from_scores
 from dp_textgrad.privacy import voting
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
@@ -86,14 +86,6 @@ def _confident_records(teachers: int) -> tuple[list[dict[str, Any]], dict[str, A
     return [_record_for(t, None, teachers, taken) for t in range(teachers) if t != target], canary
 
 
-class _RecordingLedger:
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def spend(self, event: Any, label: str, metadata: Any = None) -> None:
-        self.events.append(event)
-
-
 def audit_voting(
     *,
     mechanism: Literal["gnmax", "confident"] = "gnmax",
@@ -124,7 +116,7 @@ def audit_voting(
         background, canary = _confident_records(teachers)
         released = voting.ConfidentGNMax(threshold, threshold_sigma, sigma, 2)
 
-    def arm(records: list[dict[str, Any]], noise_seed: int, ledger: _RecordingLedger) -> np.ndarray:
+    def arm(records: list[dict[str, Any]], noise_seed: int, ledger: RecordingLedger) -> np.ndarray:
         partition = voting.partition_teachers(PrivateDataset(records), AUDIT_KEY, teachers)
         noise = NoiseSource(insecure_seed=noise_seed)
         out = np.empty(trials.runs)
@@ -134,8 +126,8 @@ def audit_voting(
         return out
 
     base = 10_000 * (seed + 1)
-    ledger = _RecordingLedger()
-    nonmembers = arm(background, base, _RecordingLedger())
+    ledger = RecordingLedger()
+    nonmembers = arm(background, base, RecordingLedger())
     members = arm([*background, canary], base + 1, ledger)
     bound = eps_lower_bound_from_scores(members, nonmembers, delta, alpha, "bonferroni", thresholds=[0.5])
     charged = ledger.events
