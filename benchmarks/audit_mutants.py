@@ -206,6 +206,9 @@ VOTING_CAUGHT = {
 TOKEN_SETTINGS = {
     "b": dict(canary_answer="b", teachers=8, sigma=3.0, lead=6, runs=8000, delta=1e-3),
     "c": dict(canary_answer="c", teachers=8, sigma=3.0, lead=6, runs=8000, delta=1e-3),
+    # The span vote (one vote per answer over the public input's spans), the same canaries.
+    "span b": dict(canary_answer="b", vote="span", teachers=8, sigma=3.0, lead=6, runs=8000, delta=1e-3),
+    "span c": dict(canary_answer="c", vote="span", teachers=8, sigma=3.0, lead=6, runs=8000, delta=1e-3),
 }
 
 
@@ -246,14 +249,16 @@ def token_charge_skipped() -> Iterator[None]:
 def private_token_candidate() -> Iterator[None]:
     """The candidate set takes the answers the teachers' prompts show (private records), not
     public sources alone."""
-    candidates = dp_answers.TeacherAnswers.candidates
+    def leaky(candidates):
+        def with_shown(self, answer):
+            shown = [line.split("Output:", 1)[1].strip() for prefix in self._prefixes if prefix is not None
+                     for line in prefix.splitlines() if "Output:" in line and line.split("Output:", 1)[1].strip()]
+            return [*candidates(self, answer), *dict.fromkeys(shown)]
+        return with_shown
 
-    def leaky(self, answer):
-        shown = [line.split("Output:", 1)[1].strip() for prefix in self._prefixes if prefix is not None
-                 for line in prefix.splitlines() if "Output:" in line and line.split("Output:", 1)[1].strip()]
-        return [*candidates(self, answer), *dict.fromkeys(shown)]
-
-    with mock.patch.object(dp_answers.TeacherAnswers, "candidates", leaky):
+    with mock.patch.object(dp_answers.TeacherAnswers, "candidates", leaky(dp_answers.TeacherAnswers.candidates)), \
+            mock.patch.object(dp_answers.SpanTeacherAnswers, "candidates",
+                              leaky(dp_answers.SpanTeacherAnswers.candidates)):
         yield
 
 
@@ -265,12 +270,15 @@ TOKEN_MUTANTS = {"correct": correct, "noise std x 0.5": token_half_noise,
 TOKEN_CAUGHT = {
     "b": ("noise std x 0.5", "votes counted twice", "charge skipped", "partition by position"),
     "c": ("private token in the candidate set",),
+    "span b": ("noise std x 0.5", "votes counted twice", "charge skipped", "partition by position"),
+    "span c": ("private token in the candidate set",),
 }
 
 
 def token_table() -> str:
     return _caught_table(TOKEN_SETTINGS, TOKEN_CAUGHT, TOKEN_MUTANTS, run_token_audit,
-                         lambda name: f"token vote, canary answer {name!r}")
+                         lambda name: f"{'span' if name.startswith('span') else 'token'} vote, canary answer "
+                         f"{name.split()[-1]!r}")
 
 
 def _row(label: str, code: str, result) -> str:

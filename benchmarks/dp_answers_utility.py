@@ -17,7 +17,10 @@ sees a public labelled example. Rows, per seed and epsilon:
 * ``teachers_nonprivate``: the seed prompt and the teachers' answers without noise and without a
   charge (NOT private: the ceiling of the method on this model; epsilon-free, one per seed);
 * ``synthetic_demos``: the seed prompt and ``--queries`` demonstrations generated whole, input and
-  answer, by the token vote (no public input used; the whole epsilon E), no search.
+  answer, by the token vote (no public input used; the whole epsilon E), no search;
+* ``span_vote_demos``, ``span_vote_dp_es``: as ``dp_demos`` and ``dp_demos_dp_es`` with
+  ``vote: span`` (extraction: each teacher writes its whole answer, and one GNMax per answer over
+  the input's spans releases it; one charged step per answer instead of one per token).
 
 Retained gain (per seed, then averaged): (row - seed) / (public_dp_es - seed) at the same epsilon.
 Costs per DP answer (teacher calls, tokens, engine seconds) come from the engine's usage while the
@@ -28,6 +31,7 @@ answers are voted. Paired bootstrap intervals (test records and seeds resampled 
     python benchmarks/dp_answers_utility.py --task snips --seeds 2 --epsilons 4 --n-test 200
     python benchmarks/dp_answers_utility.py --table benchmarks/results/dp_answers_support_extract.json
     python benchmarks/dp_answers_utility.py --cost 10 30 60 --queries 2 --epsilons 1 4   # idle machine
+    python benchmarks/dp_answers_utility.py --cost 10 30 60 --queries 2 --epsilons 1 4 --vote span
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ import run_records  # noqa: E402 - after the path insert
 
 DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "dp_answers_utility"
 ROWS = ("seed", "teachers_nonprivate", "dp_es", "dp_demos", "dp_demos_dp_es", "public_dp_es", "dp_demos_dp_es_span",
-        "synthetic_demos")
+        "synthetic_demos", "span_vote_demos", "span_vote_dp_es")
+# Rows the default grid leaves out (asked for by --rows).
+EXTRA_ROWS = ("synthetic_demos", "dp_demos_dp_es_span", "span_vote_demos", "span_vote_dp_es")
 EPSILON_FREE = ("seed", "teachers_nonprivate")
 
 
@@ -70,6 +76,7 @@ class Setup:
     records: int = 42  # expected private records per candidate and generation
     max_prompt_chars: int = 1500
     teachers: int | None = None  # None: the default, N / 20 in [10, 100]
+    candidates: int = 16  # the token vote's public model's top next tokens per step
 
 
 def build_task(setup: Setup, seed: int, data_dir: str | None) -> Any:
@@ -93,7 +100,8 @@ class NullLedger:
 
 
 def answers(
-    task: Any, engine: Any, setup: Setup, epsilon: float | None, seed: int, synthetic: bool = False
+    task: Any, engine: Any, setup: Setup, epsilon: float | None, seed: int, synthetic: bool = False,
+    vote: str = "token",
 ) -> tuple[Any, dict[str, Any]]:
     """DP answers at ``epsilon`` (the whole of it), or without noise (``epsilon=None``: the ceiling);
     ``synthetic``: demonstrations generated whole (input and answer), no public input used."""
@@ -103,8 +111,9 @@ def answers(
     from dp_textgrad.privacy.noise import NoiseSource
     from dp_textgrad.privacy.token_voting import AnsweringPlan, TokenGNMax, calibrate_token_gnmax
 
-    base = LabellingConfig(synthetic_inputs=setup.queries, teachers=setup.teachers) if synthetic else (
-        LabellingConfig(teachers=setup.teachers)
+    tokens = {"candidates": setup.candidates} if vote == "token" else {}
+    base = LabellingConfig(synthetic_inputs=setup.queries, teachers=setup.teachers, **tokens) if synthetic else (
+        LabellingConfig(teachers=setup.teachers, vote=vote, **tokens)
     )
     settings = base.resolved(0 if synthetic else len(task.public_inputs), setup.n_private,
                              generation_tokens=task.max_new_tokens)
@@ -120,7 +129,8 @@ def answers(
     labelled = dp_answers(task, engine, [] if synthetic else task.public_inputs[: setup.queries], plan, ledger,
                           noise, secrets.token_bytes(32), max_demos=settings.max_demos or DEFAULT_ANSWER_DEMOS,
                           candidates=settings.candidates,
-                          max_input_tokens=settings.max_input_tokens if synthetic else None)
+                          max_input_tokens=settings.max_input_tokens if synthetic else None,
+                          vote=vote, max_answer_tokens=settings.max_answer_tokens)
     used = run_records.usage_delta(before, run_records.usage(engine))
     cost = {"answer_seconds": time.perf_counter() - started, "answer_engine_calls": int(used["calls"]),
             "answer_prompt_tokens": int(used["prompt_tokens"]), "sigma": sigma, "teachers": settings.teachers,
@@ -164,8 +174,8 @@ def run_row(row: str, seed: int, epsilon: float | None, task: Any, engine: Any, 
     elif row == "teachers_nonprivate":
         labelled, extra = answers(bare, engine, setup, None, seed)
         prompt = kshot(task, labelled.examples, setup.max_prompt_chars)
-    elif row == "dp_demos":
-        labelled, extra = answers(bare, engine, setup, epsilon, seed)
+    elif row in ("dp_demos", "span_vote_demos"):
+        labelled, extra = answers(bare, engine, setup, epsilon, seed, vote="span" if row.startswith("span") else "token")
         prompt = kshot(task, labelled.examples, setup.max_prompt_chars)
     elif row == "synthetic_demos":
         labelled, extra = answers(bare, engine, setup, epsilon, seed, synthetic=True)
@@ -175,11 +185,14 @@ def run_row(row: str, seed: int, epsilon: float | None, task: Any, engine: Any, 
         prompt, extra = search(bare, engine, setup, epsilon, seed)
     elif row == "public_dp_es":
         prompt, extra = search(dataclasses.replace(task, public_inputs=[]), engine, setup, epsilon, seed)
-    elif row in ("dp_demos_dp_es", "dp_demos_dp_es_span"):
+    elif row in ("dp_demos_dp_es", "dp_demos_dp_es_span", "span_vote_dp_es"):
         prompt, extra = search(bare, engine, setup, epsilon, seed,
                                labelling={"queries": setup.queries, "epsilon_share": setup.share,
                                           **({"teachers": setup.teachers} if setup.teachers else {}),
-                                          **({"answer_filter": "span"} if row.endswith("_span") else {})})
+                                          **({"candidates": setup.candidates} if setup.candidates != 16
+                                             and not row.startswith("span_vote") else {}),
+                                          **({"answer_filter": "span"} if row.endswith("_span") else {}),
+                                          **({"vote": "span"} if row.startswith("span_vote") else {})})
     else:
         raise ValueError(f"row: unknown {row!r}")
     scores = [round(float(v), 4) for v in task.public_scores(engine, prompt, task.test)]
@@ -221,7 +234,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                       "ci95": run_records.t_interval(values)}
     for eps in epsilons:
         for name in ("dp_es", "dp_demos", "dp_demos_dp_es", "dp_demos_dp_es_span", "teachers_nonprivate",
-                     "synthetic_demos"):
+                     "synthetic_demos", "span_vote_demos", "span_vote_dp_es"):
             gains = []
             for s in seeds:
                 base, ref = by.get((task, "seed", s, None)), by.get((task, "public_dp_es", s, eps))
@@ -232,7 +245,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 out["retained"][f"{name} eps{eps:g}"] = {"mean": float(np.mean(gains)), "per_seed": gains}
         for mine, other in (("dp_demos_dp_es", "public_dp_es"), ("dp_demos_dp_es", "dp_es"),
                             ("dp_demos_dp_es_span", "public_dp_es"), ("dp_demos_dp_es_span", "dp_es"),
-                            ("dp_demos", "dp_es")):
+                            ("dp_demos", "dp_es"), ("span_vote_dp_es", "public_dp_es"), ("span_vote_dp_es", "dp_es"),
+                            ("span_vote_dp_es", "dp_demos_dp_es_span"), ("span_vote_demos", "dp_demos")):
             pairs = [(by[(task, mine, s, eps)]["test_scores"], by[(task, other, s, eps)]["test_scores"])
                      for s in seeds if (task, mine, s, eps) in by and (task, other, s, eps) in by]
             if pairs:
@@ -259,16 +273,17 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cost_sweep(task: Any, engine: Any, setup: Setup, teachers: list[int], epsilons: list[float]) -> list[dict]:
+def cost_sweep(task: Any, engine: Any, setup: Setup, teachers: list[int], epsilons: list[float],
+               vote: str = "token") -> list[dict]:
     """Teacher calls, prompt tokens and seconds per DP answer, by number of teachers and epsilon
     (run it on an idle machine: the seconds are wall time)."""
     bare = dataclasses.replace(task, public_examples=[])
     rows = []
     for count in teachers:
         for eps in epsilons:
-            labelled, cost = answers(bare, engine, dataclasses.replace(setup, teachers=count), eps, 0)
+            labelled, cost = answers(bare, engine, dataclasses.replace(setup, teachers=count), eps, 0, vote=vote)
             per = max(1, setup.queries)
-            rows.append({"teachers": count, "epsilon": eps, "sigma": cost["sigma"],
+            rows.append({"vote": vote, "teachers": count, "epsilon": eps, "sigma": cost["sigma"],
                          "sampling_rate": cost["sampling_rate"], "answered": labelled.answered,
                          "seconds_per_answer": cost["answer_seconds"] / per,
                          "engine_calls_per_answer": cost["answer_engine_calls"] / per,
@@ -283,32 +298,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="support_extract", choices=("support_extract", "snips"))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0])
-    parser.add_argument("--rows", nargs="+", default=[r for r in ROWS if r not in ("synthetic_demos",
-                                                                                  "dp_demos_dp_es_span")],
-                        choices=ROWS)
+    parser.add_argument("--rows", nargs="+", default=[r for r in ROWS if r not in EXTRA_ROWS], choices=ROWS)
     parser.add_argument("--n-private", type=int, default=None)
     parser.add_argument("--n-test", type=int, default=None)
     parser.add_argument("--queries", type=int, default=6)
     parser.add_argument("--teachers", type=int, default=None, help="default N / 20 in [10, 100]")
+    parser.add_argument("--candidates", type=int, default=16, help="the token vote's candidates per step")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print the tables of a results file and stop")
     parser.add_argument("--cost", type=int, nargs="+", default=None, metavar="TEACHERS",
                         help="measure the cost per answer for these numbers of teachers (seed 0) and stop")
+    parser.add_argument("--vote", choices=("token", "span"), default="token", help="--cost: the vote measured")
     args = parser.parse_args(argv)
     if args.table is not None:
         print(table(json.loads(args.table.read_text(encoding="utf-8"))))
         return 0
     defaults = {"support_extract": (600, 100), "snips": (2000, 200)}[args.task]
     setup = Setup(task=args.task, n_private=args.n_private or defaults[0], n_test=args.n_test or defaults[1],
-                  queries=args.queries, teachers=args.teachers)
+                  queries=args.queries, teachers=args.teachers, candidates=args.candidates)
     if args.cost is not None:
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
         engine = LlamaCppEngine()
-        rows = cost_sweep(build_task(setup, 0, args.data_dir), engine, setup, args.cost, args.epsilons)
-        output = args.output or REPO_ROOT / "benchmarks" / "results" / f"dp_answers_cost_{args.task}.json"
+        rows = cost_sweep(build_task(setup, 0, args.data_dir), engine, setup, args.cost, args.epsilons, args.vote)
+        suffix = "" if args.vote == "token" else "_span"
+        output = args.output or REPO_ROOT / "benchmarks" / "results" / f"dp_answers_cost_{args.task}{suffix}.json"
         output.write_text(json.dumps({"command": run_records.command_line("benchmarks/dp_answers_utility.py", argv),
                                       "date": dt.date.today().isoformat(), "setup": dataclasses.asdict(setup),
                                       "machine": "2 CPU cores, local llama.cpp engine (Gemma 3 270M Q4_K_M)",

@@ -138,6 +138,12 @@ class LabellingConfig(BaseModel):
     max_input_tokens: int = Field(
         48, ge=1, le=512, description="synthetic_inputs: the public cap on a generated input's tokens"
     )
+    vote: Literal["token", "span"] = Field(
+        "token",
+        description="generation tasks: 'token' votes each answer token by token (any task); 'span' (extraction) "
+        "lets each teacher write its whole answer and votes once per answer over the public input's spans of at "
+        "most max_answer_tokens tokens: one charged step per answer instead of max_answer_tokens",
+    )
     answer_filter: Literal["none", "ended", "span"] = Field(
         "none",
         description="generation tasks: drop released answers by a public rule (no privacy cost): 'ended' keeps "
@@ -170,9 +176,12 @@ class LabellingConfig(BaseModel):
 
     @property
     def answer_steps(self) -> int | None:
-        """Token steps charged per demonstration: the answer's, plus the input's when generated."""
+        """Vote steps charged per demonstration: one for a span vote; else the answer's tokens, plus
+        the input's when generated."""
         if self.max_answer_tokens is None:
             return None
+        if self.vote == "span":
+            return 1
         return self.max_answer_tokens + (self.max_input_tokens if self.synthetic_inputs is not None else 0)
 
     def resolved(
@@ -193,6 +202,7 @@ class LabellingConfig(BaseModel):
                 "synthetic_inputs",
                 "max_input_tokens",
                 "answer_filter",
+                "vote",
             )
             if getattr(self, name) != type(self).model_fields[name].default
         ]
@@ -206,6 +216,17 @@ class LabellingConfig(BaseModel):
                 "dp.labelling.threshold: confident GNMax labels classification tasks; a generation task's answers "
                 "are voted token by token (remove threshold and threshold_sigma)"
             )
+        if self.vote == "span":
+            token_only = [
+                name
+                for name in ("candidates", "copy_input", "synthetic_inputs")
+                if getattr(self, name) != type(self).model_fields[name].default
+            ]
+            if token_only:
+                raise ValueError(
+                    f"dp.labelling.{token_only[0]}: applies to the token vote; a span vote's candidates are the "
+                    "public input's spans (remove it, or use vote: token)"
+                )
         if self.synthetic_inputs is not None:
             if self.queries is not None and self.queries != self.synthetic_inputs:
                 raise ValueError(

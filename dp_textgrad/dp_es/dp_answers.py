@@ -17,6 +17,11 @@ real engine:
   and the answer so far: ``engine.top_next_pieces``), the public input's own tokens when
   ``copy_input`` (extraction copies spans of the input), and the end marker (the task's first
   stop string). No private record reaches them.
+- **a span vote** (``vote="span"``, for extraction) replaces the steps by one: each teacher
+  generates its whole answer and votes for the span of the public input it equals (or for "no
+  span"), the candidates being every span of the input up to the token cap
+  (:class:`SpanTeacherAnswers`). One GNMax per answer instead of one per token: at the same
+  epsilon the noise is about sqrt(max tokens) times smaller, and answers are always spans.
 - **the answer** grows by the released token; it is complete when it holds one of the task's
   stop strings (cut there) or after ``max_tokens`` steps. Leading and trailing white space is
   removed; an empty answer gives no demonstration.
@@ -240,6 +245,82 @@ class SyntheticTeacherAnswers(TeacherAnswers):
         return text + INPUT_END, False
 
 
+#: The candidate of a span vote that stands for "no span of the input": a teacher whose answer is
+#: not a span votes for it, and when it is released the input gets no demonstration (a control
+#: character: never a span's text).
+NO_SPAN = "\x1f"
+
+
+def input_spans(pieces: Sequence[str], max_pieces: int) -> list[str]:
+    """The span vote's candidates for one public input: every run of at most ``max_pieces`` of its
+    tokens (``pieces``, in order), stripped, that holds a letter or digit, first occurrence kept;
+    then :data:`NO_SPAN`. Public: a function of the public input and the public cap."""
+    spans: dict[str, None] = {}
+    for start in range(len(pieces)):
+        for end in range(start + 1, min(len(pieces), start + max_pieces) + 1):
+            span = "".join(pieces[start:end]).strip()
+            if span and any(c.isalnum() for c in span):
+                spans.setdefault(span, None)
+    return [*spans, NO_SPAN]
+
+
+class SpanTeacherAnswers:
+    """One public input answered by ONE vote over its spans (``dp.labelling.vote: span``, for
+    extraction, whose answers copy a span of the input): each teacher generates its answer
+    greedily (its prompt, then the input; up to ``max_tokens`` tokens, stopping at the task's
+    stop strings) and votes for the span whose text equals its stripped answer, or for
+    :data:`NO_SPAN` when there is none (or when its call fails: the error text, which may quote its
+    records, is dropped); a teacher without a prompt abstains. The released candidate
+    is the answer (NO_SPAN: none). The candidates are every span of the input of at most
+    ``max_tokens`` tokens (:func:`input_spans`), so the vote is one GNMax step over a public set:
+    the token vote's mechanism with one step per answer, charged as such.
+
+    Each teacher generates alone (``generate_after_prefix``, one teacher per call): teachers
+    generated in one batch could move each other's outputs through the engine's float rounding,
+    and a teacher's vote must depend on its own records only."""
+
+    def __init__(
+        self, engine: Engine, task: GenerationTask, text: str, teacher_prompts: Sequence[str | None], max_tokens: int
+    ) -> None:
+        self._engine, self._task, self._max_tokens = engine, task, max_tokens
+        self._record = task.render_record(text)
+        self._prefixes = [None if prompt is None else task.render_prefix(prompt) for prompt in teacher_prompts]
+        self._spans = input_spans(engine.text_pieces(" " + text), max_tokens)
+        self.text = text
+        self.ended = False  # whether a span (not NO_SPAN) was released
+
+    def candidates(self, answer: str) -> list[str]:
+        return list(self._spans)
+
+    def votes(self, answer: str, candidates: Sequence[str]) -> list[Vote]:
+        index = {candidate: k for k, candidate in enumerate(candidates)}
+        none = index[NO_SPAN]
+        votes: list[Vote] = []
+        for prefix in self._prefixes:
+            if prefix is None:
+                votes.append(None)
+                continue
+            try:
+                (output,) = self._engine.generate_after_prefix(
+                    prefix, [self._record], max_tokens=self._max_tokens, stop=self._task.stop
+                )
+            except Exception:  # noqa: BLE001 - no span from this teacher; the error text may quote its records
+                output = ""
+            votes.append(index.get(str(output).strip(), none))
+        return votes
+
+    def extend(self, answer: str, token: str) -> tuple[str, bool]:
+        if token == NO_SPAN:
+            return "", True
+        self.ended = True
+        return token, True
+
+
+#: How a DP answer is voted: ``token`` (any generation task: one GNMax per token over the public
+#: model's next tokens) or ``span`` (extraction: one GNMax per answer over the input's spans).
+VOTES = ("token", "span")
+
+
 #: Public rules that drop released answers (post-processing: no privacy cost). ``ended``: the
 #: answer released its end (a stop string) before the token cap; ``span``: ended, holds a letter
 #: or digit, and appears verbatim in its input (extraction copies a span of the input).
@@ -281,9 +362,13 @@ def dp_answers(
     copy_input: bool = True,
     max_input_tokens: int | None = None,
     answer_filter: str = "none",
+    vote: str = "token",
+    max_answer_tokens: int | None = None,
     label: str = LEDGER_LABEL,
 ) -> DPLabelled:
-    """DP answers for ``public_inputs`` by a token-by-token noisy vote of ``plan.teachers`` teachers.
+    """DP answers for ``public_inputs`` by a noisy vote of ``plan.teachers`` teachers: token by
+    token (``vote="token"``), or one vote per answer over the input's spans of at most
+    ``max_answer_tokens`` tokens (``vote="span"``: ``plan``'s mechanism has one step).
 
     Checks public values first (the plan matches the inputs; the prompt, an input and an answer
     fit the engine's context), then charges ``plan.event`` to ``ledger`` as one entry (before the
@@ -293,6 +378,17 @@ def dp_answers(
     """
     if not isinstance(task, GenerationTask):
         raise TypeError("task: DP answers by a token vote need a generation task")
+    if vote not in VOTES:
+        raise ValueError(f"vote: use one of {', '.join(VOTES)}, got {vote!r}")
+    span_tokens = 0
+    if vote == "span":
+        if max_answer_tokens is None:
+            raise ValueError("max_answer_tokens: a span vote needs the public cap on a teacher's answer")
+        span_tokens = positive_int(max_answer_tokens, "max_answer_tokens")
+        if max_input_tokens is not None:
+            raise ValueError("vote: a span vote answers public inputs; synthetic inputs are voted token by token")
+        if plan.mechanism.max_tokens != 1:
+            raise ValueError("plan: a span vote is one step per answer; plan it with max_tokens=1")
     synthetic = max_input_tokens is not None
     if max_input_tokens is not None:
         max_input_tokens = positive_int(max_input_tokens, "max_input_tokens")
@@ -309,20 +405,22 @@ def dp_answers(
         raise ValueError(f"answer_filter: use one of {', '.join(ANSWER_FILTERS)}, got {answer_filter!r}")
     prompt = task.seed_prompt if prompt is None else prompt
     # A synthetic input is at most max_input_tokens long: the cap reserves that much for it.
-    answer_tokens = plan.mechanism.max_tokens - (max_input_tokens or 0)
+    answer_tokens = span_tokens or plan.mechanism.max_tokens - (max_input_tokens or 0)
     cap = answer_prefix_cap(engine, task, inputs, prompt, answer_tokens, input_tokens=max_input_tokens)
     count = token_counter(engine) if cap is not None else None
     proposal = public_prompt(task, prompt, max_demos)
 
-    opened: list[TeacherAnswers] = []
+    opened: list[TeacherAnswers | SpanTeacherAnswers] = []
 
-    def open_query(index: int, partition: TeacherPartition[Any]) -> TeacherAnswers:
+    def open_query(index: int, partition: TeacherPartition[Any]) -> TeacherAnswers | SpanTeacherAnswers:
         prompts = [
             teacher_prompt(task, group, prompt, max_demos, key=key, count_tokens=count, max_prefix_tokens=cap)
             for group in partition.groups()
         ]
-        query: TeacherAnswers
-        if max_input_tokens is not None:
+        query: TeacherAnswers | SpanTeacherAnswers
+        if vote == "span":
+            query = SpanTeacherAnswers(engine, task, inputs[index], prompts, span_tokens)
+        elif max_input_tokens is not None:
             query = SyntheticTeacherAnswers(engine, task, prompts, proposal, candidates, copy_input, max_input_tokens)
         else:
             query = TeacherAnswers(engine, task, inputs[index], prompts, proposal, candidates, copy_input)
@@ -348,8 +446,9 @@ def dp_answers(
         "queries": plan.queries,
         "teachers": plan.teachers,
         "max_demos": max_demos,
-        "candidates": candidates,
-        "copy_input": bool(copy_input),
+        "vote": vote,
+        **({"candidates": candidates, "copy_input": bool(copy_input)} if vote == "token" else {}),
+        **({"max_answer_tokens": span_tokens} if vote == "span" else {}),
         "answer_filter": answer_filter,
         **({"max_input_tokens": max_input_tokens, "synthetic_inputs": inputs} if synthetic else {}),
         "answered": len(examples),
@@ -364,11 +463,15 @@ __all__ = [
     "ANSWER_FILTERS",
     "DEFAULT_CANDIDATES",
     "INPUT_END",
+    "NO_SPAN",
+    "SpanTeacherAnswers",
     "SyntheticTeacherAnswers",
     "TeacherAnswers",
+    "VOTES",
     "answer_prefix_cap",
     "dp_answers",
     "end_marker",
+    "input_spans",
     "kept_answer",
     "public_prompt",
 ]

@@ -90,7 +90,7 @@ def check_engine(config: DPESConfig, engine: Any, task: Task | None = None) -> N
         return
     if bool(getattr(engine, "deterministic_scores", False)):
         if config.labelling.answers or answering_view(task) is not None:
-            _check_token_views(engine)
+            _check_token_views(engine, config.labelling.vote)
         return
     raise ConfigError(
         f"labelling: the engine {type(engine).__name__} does not declare that its scores are independent of "
@@ -101,16 +101,18 @@ def check_engine(config: DPESConfig, engine: Any, task: Task | None = None) -> N
     )
 
 
-def _check_token_views(engine: Any) -> None:
-    """The token vote asks the engine for its next-token candidates and the input's tokens."""
+def _check_token_views(engine: Any, vote: str = "token") -> None:
+    """The token vote asks the engine for its next-token candidates and the input's tokens; the
+    span vote for the input's tokens only."""
     from dp_textgrad.engines.base import Engine
 
-    for name in ("top_next_pieces", "text_pieces"):
+    for name in ("top_next_pieces", "text_pieces") if vote == "token" else ("text_pieces",):
         method = getattr(type(engine), name, None)
         if method is None or method is getattr(Engine, name, None):
+            what = "next tokens" if name == "top_next_pieces" else "a text's tokens"
             raise ConfigError(
-                f"labelling: DP answers are voted token by token and the engine {type(engine).__name__} cannot "
-                f"list its next tokens ({name}); run the labelling phase on the local llama.cpp engine "
+                f"labelling: DP answers are voted over tokens and the engine {type(engine).__name__} cannot "
+                f"list {what} ({name}); run the labelling phase on the local llama.cpp engine "
                 "(engine.kind: llama_cpp in a run file, DPES(engine=LlamaCppEngine()) in DSPy), or remove "
                 "dp.labelling"
             )
@@ -119,6 +121,13 @@ def _check_token_views(engine: Any) -> None:
 def describe_answers(settings: LabellingConfig) -> str:
     """The answering phase of a generation task in one clause, from its public settings (the
     console's start and ``budget`` print it)."""
+    if settings.vote == "span":
+        return (
+            f"{settings.queries} public inputs answered by one noisy vote each (GNMax over the input's spans of at "
+            f"most {settings.max_answer_tokens} tokens) of {settings.teachers} teachers, each writing its answer "
+            f"with up to {settings.max_demos} private records of its own from a {settings.sampling_rate:.3g} "
+            "subsample per demonstration; one charged vote per answer"
+        )
     if settings.synthetic_inputs is not None:
         what = f"{settings.queries} demonstrations generated whole, input then answer,"
         tokens = f"{settings.max_input_tokens} + {settings.max_answer_tokens}"
@@ -217,6 +226,8 @@ def run_labelling(
             copy_input=settings.copy_input,
             max_input_tokens=settings.max_input_tokens if synthetic else None,
             answer_filter=settings.answer_filter,
+            vote=settings.vote,
+            max_answer_tokens=settings.max_answer_tokens,
         )
     else:
         labelled = dp_labels(

@@ -442,7 +442,8 @@ def _answering_sigma(epsilon: float, delta: float, queries: int, max_tokens: int
         return calibrate_token_gnmax(epsilon, delta, queries, max_tokens, rate)
     except ValueError as exc:
         raise ConfigError(
-            f"labelling: cannot fit {queries} DP answers of {max_tokens} tokens into their share epsilon={epsilon:g} "
+            f"labelling: cannot fit {queries} DP answers of {max_tokens} vote steps into their share "
+            f"epsilon={epsilon:g} "
             f"({exc}); raise labelling.epsilon_share, or answer fewer inputs (labelling.queries) or shorter "
             "(labelling.max_answer_tokens)"
         ) from None

@@ -105,6 +105,8 @@ CHANNELS: dict[str, dict[str, str]] = {
         "copy_input": PUBLIC,  # the public input's tokens are candidates too
         "max_input_tokens": PUBLIC,  # synthetic demonstrations: the cap on a generated input
         "answer_filter": PUBLIC,  # the public rule that drops released answers (post-processing)
+        "vote": PUBLIC,  # token by token, or one vote per answer over the input's spans
+        "max_answer_tokens": PUBLIC,  # span vote: the public cap on a teacher's answer and a span
         "synthetic_inputs": DP_OUTPUT,  # synthetic demonstrations: the generated inputs (token votes)
         "queries": PUBLIC,  # the public inputs asked (the first ones of the public pool)
         "teachers": PUBLIC,  # settings (or the default from the declared or DP-counted N)

@@ -16,6 +16,10 @@ so the vote runs per token over a PUBLIC candidate set:
   noisy argmax of the vote histogram (GNMax), appended to the answer;
 - a query ends when the released token ends the answer, or after ``max_tokens`` steps.
 
+With ``max_tokens = 1`` the same mechanism is a vote over whole answers: the wiring's candidates
+are then complete answers from a public set (the spans of the public input, for extraction) and
+each teacher votes for the one its own answer equals.
+
 Sensitivity: one record more or less changes one teacher's group, so at each step one vote
 moves between two cells (or to or from abstention): L2 sensitivity sqrt(2), as for labels.
 

@@ -213,6 +213,12 @@ def _cell(text: Any, limit: int = 120) -> str:
 
 def _voting_mechanism(labelling: dict[str, Any]) -> str:
     sigma = f"vote noise sigma = {sig(labelling.get('sigma'))} votes"
+    if labelling.get("mechanism") == "token_gnmax" and labelling.get("vote") == "span":
+        return (
+            f"GNMax over the public input's spans (at most {labelling.get('max_answer_tokens')} tokens): {sigma}; "
+            f"one vote per demonstration; each demonstration's teachers split a "
+            f"{sig(labelling.get('sampling_rate'))} Poisson subsample"
+        )
     if labelling.get("mechanism") == "token_gnmax":
         return (
             f"GNMax per token over public candidates: {sigma}; at most {labelling.get('max_tokens')} tokens per "
@@ -236,16 +242,18 @@ def labelled_demonstrations(result: dict[str, Any]) -> list[str]:
     examples = labelling.get("examples") or []
     teachers, demos, queries = labelling.get("teachers"), labelling.get("max_demos"), labelling.get("queries")
     if labelling.get("mechanism") == "token_gnmax":
-        synthetic = "synthetic_inputs" in labelling
+        synthetic, spans = "synthetic_inputs" in labelling, labelling.get("vote") == "span"
         title, phase, field, column = "## DP-answered demonstrations", "answering", "reference", "DP answer"
-        asked = (
-            f"generated {queries} demonstrations whole, input then answer, one token at a time"
-            if synthetic
-            else f"answered {queries} public unlabelled inputs, one token at a time"
-        )
+        if synthetic:
+            asked = f"generated {queries} demonstrations whole, input then answer, one token at a time"
+        elif spans:
+            asked = f"answered {queries} public unlabelled inputs, each by one vote over the input's spans"
+        else:
+            asked = f"answered {queries} public unlabelled inputs, one token at a time"
+        released_unit = "Each answer" if spans else "Each token"
         how = (
             "the groups are disjoint (a keyed hash of the record) within a fresh subsample per demonstration, so "
-            "one record changes one teacher's votes. Each token was the noisy argmax of the teachers' votes over "
+            f"one record changes one teacher's votes. {released_unit} was the noisy argmax of the teachers' votes over "
             "candidates computed from public values only"
         )
         released = (

@@ -287,3 +287,142 @@ def test_a_span_filtered_run_releases_only_answers_found_in_their_inputs(tmp_pat
     for example in labels["examples"]:
         assert example["reference"] in example["text"]
     assert all(v is None or v in t for v, t in zip(labels["labels"], labels["inputs"]))
+
+
+# -- the span vote: one vote per answer over the public input's spans ----------------------------
+SPAN_LABELLING = {**LABELLING, "vote": "span"}
+
+
+class SpanGenerator(TeacherGenerator):
+    """As a teacher (a prompt ending in a public pool input) it writes the city the input names,
+    or ``wrong`` when set; a teacher whose prompt shows the long record is slow and its usage grows
+    (as a real model's would). Every teacher prefix it generates after is kept."""
+
+    def __init__(self, wrong: str | None = None, fail: bool = False) -> None:
+        super().__init__()
+        self.wrong, self.fail = wrong, fail
+        self.generated_prefixes: list[str] = []
+
+    def generate_after_prefix(self, prefix, suffixes, *, max_tokens, stop=None, temperature=0.0):
+        if len(suffixes) == 1 and "Parcel" in suffixes[0]:
+            self.generated_prefixes.append(prefix)
+            if self.fail:
+                raise RuntimeError(f"teacher failed on {prefix!r}")  # the text quotes private records
+            if GEN_MARKER in prefix:
+                time.sleep(0.002)
+            self._count(prompt_tokens=len(scripted_tokens(prefix)))
+            city = re.search(r"to (\w+)", suffixes[0])
+            return [" " + (self.wrong or (city.group(1) if city else "none")) + "\n"]
+        return super().generate_after_prefix(prefix, suffixes, max_tokens=max_tokens, stop=stop,
+                                             temperature=temperature)
+
+
+def test_the_span_candidates_are_the_inputs_spans_up_to_the_cap() -> None:
+    from dp_textgrad.dp_es.dp_answers import NO_SPAN, input_spans
+
+    spans = input_spans([" Sent", " to", " Paris", ",", " 75", "001"], 2)
+    assert spans[-1] == NO_SPAN and len(spans) == len(set(spans))
+    assert {"Sent", "Sent to", "to Paris", "Paris", "Paris,", "75", "75001", ", 75"} <= set(spans)
+    assert "to Paris," not in spans and "," not in spans  # over the cap; no letter or digit
+    assert input_spans([], 3) == [NO_SPAN]
+
+
+@pytest.fixture(scope="module")
+def span_answered(tmp_path_factory):
+    root = tmp_path_factory.mktemp("span")
+    engine = SpanGenerator()
+    outcome = dp_textgrad.optimize(answers_task(), engine, runs_root=root, dataset_size=200,
+                                   **{**SETTINGS, "labelling": SPAN_LABELLING})
+    return outcome, engine, Path(outcome.run_dir)
+
+
+def test_a_span_vote_charges_one_step_per_answer_and_the_ledger_is_the_plan(span_answered, answered) -> None:
+    outcome, _, run_dir = span_answered
+    lines = ledger_lines(run_dir)
+    assert lines[0]["label"] == "labelling"
+    assert [line["event"] for line in lines] == planned_atoms(run_dir)
+    meta = lines[0]["metadata"]
+    assert meta["mechanism"] == "token_gnmax" and meta["max_tokens"] == 1
+    labels = json.loads((run_dir / "labels.json").read_text())
+    assert labels["vote"] == "span" and labels["max_answer_tokens"] == 6 and "candidates" not in labels
+    # The same share and queries: one step per answer needs far less noise than 6 token steps.
+    token_labels = json.loads((answered[2] / "labels.json").read_text())
+    assert token_labels["max_tokens"] == 6 and labels["sigma"] < token_labels["sigma"] / 2
+    assert outcome.result.epsilon <= 4.0 + 1e-9
+
+
+def test_a_span_vote_releases_spans_of_the_inputs_and_they_join_the_search(span_answered) -> None:
+    outcome, engine, run_dir = span_answered
+    labels = json.loads((run_dir / "labels.json").read_text())
+    assert labels["examples"] and labels["answered"] == len(labels["examples"])
+    for example in labels["examples"]:
+        assert example["reference"] in example["text"]
+    right = sum(e["reference"] == e["text"].rsplit(" ", 1)[-1] for e in labels["examples"])
+    assert right >= 3, labels["examples"]
+    demos = {(e.text, e.reference) for e in outcome.optimizer.task.public_examples}
+    assert {(e["text"], e["reference"]) for e in labels["examples"]} <= demos
+    # Each teacher generates alone after a prefix of its own group's records.
+    private = [r.text for r in generation_records(200)]
+    assert engine.generated_prefixes and not engine.proposal_contexts
+    assert any(any(t in prefix for t in private) for prefix in engine.generated_prefixes)
+
+
+def test_the_report_names_the_span_vote(span_answered) -> None:
+    from dp_textgrad.report.markdown import labelled_demonstrations
+
+    _, _, run_dir = span_answered
+    result = json.loads((run_dir / "result.json").read_text())
+    text = "\n".join(labelled_demonstrations(result))
+    assert "GNMax over the public input's spans (at most 6 tokens)" in text
+    assert "each by one vote over the input's spans" in text
+
+
+def test_when_no_teacher_answers_a_span_the_vote_releases_no_demonstration(tmp_path) -> None:
+    labelling = {**SPAN_LABELLING, "epsilon_share": 0.9}
+    for engine in (SpanGenerator(wrong="Atlantis"), SpanGenerator(fail=True)):
+        outcome = dp_textgrad.optimize(answers_task(), engine, runs_root=tmp_path / str(engine.fail),
+                                       dataset_size=200, **{**SETTINGS, "labelling": labelling})
+        run_dir = Path(outcome.run_dir)
+        labels = json.loads((run_dir / "labels.json").read_text())
+        released = (run_dir / "labels.json").read_text() + (run_dir / "result.json").read_text()
+        assert "teacher failed" not in released and "Atlantis" not in released
+        assert [line["event"] for line in ledger_lines(run_dir)] == planned_atoms(run_dir)
+        # Every teacher votes "no span" (a failed call too): the noise rarely lifts a span over 50 votes.
+        assert labels["answered"] <= 1, labels["examples"]
+
+
+def test_a_span_vote_refuses_the_token_votes_keys_and_classification(tmp_path) -> None:
+    from dp_textgrad.dp_es.config import ConfigError, LabellingConfig
+    from tests.dp_es.test_labelling_phase import build, labelled_task
+
+    for key, value in (("candidates", 8), ("copy_input", False), ("synthetic_inputs", 2)):
+        with pytest.raises(ValueError, match=f"dp.labelling.{key}: applies to the token vote"):
+            LabellingConfig(vote="span", **{key: value}).resolved(6, 200, generation_tokens=8)
+    assert LabellingConfig(vote="span").resolved(6, 200, generation_tokens=8).answer_steps == 1
+    with pytest.raises(ConfigError, match="dp.labelling.vote: applies to generation tasks"):
+        build(labelled_task(), labelling={"teachers": 6, "vote": "span"})
+
+
+@pytest.fixture(scope="module")
+def span_twins(tmp_path_factory):
+    records = generation_records(200)
+    overrides = {"public_examples": [], "public_inputs": list(POOL)}
+    settings = {**{k: v for k, v in SETTINGS.items() if k != "evaluate"}, "labelling": SPAN_LABELLING}
+    runs = []
+    for name, rows, extra in (("d", records, 0), ("dx", records + [generation_long_record(records)], 1)):
+        runs.append(run_generation_twin(tmp_path_factory.mktemp(name), rows, {**settings, "evaluate": False},
+                                        engine_factory=SpanGenerator, coupled_extra_records=extra,
+                                        task_overrides=overrides))
+    return runs
+
+
+def test_no_released_byte_differs_between_the_span_vote_twins(span_twins) -> None:
+    d, dx = span_twins
+    for capture in span_twins:
+        assert capture.exit_code == 0, capture.stdout + capture.stderr
+        assert json.loads(capture.released["labels.json"])["vote"] == "span"
+    found = differences(d, dx)
+    detail = {name: json_differences(d, dx, name) for name in found if name.endswith((".json", ".jsonl"))}
+    assert not found, (found, detail)
+    usage = [int(json.loads(c.operator["operator/labelling_usage.json"])["prompt_tokens"]) for c in span_twins]
+    assert usage[1] > usage[0]  # the long record was sampled and shown by its teacher

@@ -38,7 +38,8 @@ def test_text_pieces_spell_the_text(llama_engine) -> None:
     assert len(pieces) == llama_engine.count_tokens(text)
 
 
-def test_optimize_answers_then_searches_on_the_local_model_and_the_ledger_is_the_plan(tmp_path: Path) -> None:
+@pytest.mark.parametrize("vote", ["token", "span"])
+def test_optimize_answers_then_searches_on_the_local_model_and_the_ledger_is_the_plan(tmp_path: Path, vote) -> None:
     pytest.importorskip("llama_cpp", reason="needs the [local] extra: pip install 'dp-textgrad[local]'")
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -47,7 +48,7 @@ def test_optimize_answers_then_searches_on_the_local_model_and_the_ledger_is_the
         "engine:\n  options: {n_ctx: 1024}\n"
         "dp:\n  epsilon: 4.0\n  generations: 1\n  population: 2\n  parents: 1\n  dataset_size: 120\n"
         "  sampling_rate: 0.05\n  insecure_noise_seed: 2\n"
-        "  labelling: {queries: 2, teachers: 6, max_answer_tokens: 14}\n"
+        f"  labelling: {{queries: 2, teachers: 6, max_answer_tokens: 14, vote: {vote}}}\n"
         f"output:\n  runs_root: {(tmp_path / 'runs').as_posix()}\n",
         encoding="utf-8",
     )
@@ -58,7 +59,7 @@ def test_optimize_answers_then_searches_on_the_local_model_and_the_ledger_is_the
     released = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
     plan = RunPlan.with_value(released, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
     answering = plan.labelling(0)
-    assert isinstance(answering, AnsweringPlan) and answering.mechanism.max_tokens == 14
+    assert isinstance(answering, AnsweringPlan) and answering.mechanism.max_tokens == (14 if vote == "token" else 1)
     atoms = [*answering.events()]
     atoms += [e for t in range(released.generations) for e in plan.generation_mechanisms(t).events(released.sampling_rate)]
     final = plan.final()
@@ -69,3 +70,5 @@ def test_optimize_answers_then_searches_on_the_local_model_and_the_ledger_is_the
     assert labels["inputs"] == get_task("support_extract", n_private=120, n_public=0, n_test=4,
                                         public_inputs=2).public_inputs
     assert all("reference" in example for example in labels["examples"])
+    if vote == "span":  # every answer a span of its input: the teachers' answers, voted whole
+        assert all(example["reference"] in example["text"] for example in labels["examples"])

@@ -182,9 +182,13 @@ def test_a_generation_task_refuses_an_engine_that_cannot_list_its_next_tokens() 
     from dp_textgrad.tasks.registry import get_task
 
     task = get_task("support_extract", public_inputs=4)
-    with pytest.raises(ConfigError, match="cannot list its next tokens"):
+    with pytest.raises(ConfigError, match="cannot list next tokens"):
         DPEvolutionStrategy([prompt_of(task)], task=task, engine=ExactRuleEngine(), dataset_size=50,
                             labelling={"teachers": 4})
+    # The span vote asks for the input's tokens only.
+    with pytest.raises(ConfigError, match=r"cannot list a text's tokens \(text_pieces\)"):
+        DPEvolutionStrategy([prompt_of(task)], task=task, engine=ExactRuleEngine(), dataset_size=50,
+                            labelling={"teachers": 4, "vote": "span"})
 
 
 @pytest.mark.parametrize("key", [{"threshold": 4.0, "threshold_sigma": 20.0}])

@@ -105,3 +105,30 @@ def test_the_plan_plans_the_answers_with_the_search(tmp_path) -> None:
     dpes.compile(Classifier(), trainset=records(200))
     assert dpes.outcome is not None
     assert abs(dpes.outcome.result.epsilon - planned.epsilon) < 1e-6
+
+
+class SpanTeacherEngine(TeacherEngine):
+    """As a teacher, writes the mood word its input names (each input names one): the span vote."""
+
+    def generate_after_prefix(self, prefix, suffixes, *, max_tokens, stop=None, temperature=0.0):
+        if len(suffixes) == 1 and suffixes[0].rstrip().endswith("label:"):
+            text = suffixes[0]
+            return [" positive\n" if "positive" in text.split("label:")[0] else " negative\n"]
+        return super().generate_after_prefix(prefix, suffixes, max_tokens=max_tokens, stop=stop,
+                                             temperature=temperature)
+
+
+def test_a_span_vote_fills_the_demonstrations_from_the_inputs_spans(tmp_path) -> None:
+    inputs = [dspy.Example(text=text).with_inputs("text") for text in
+              ("a good film, positive", "a bad meal, negative", "a good walk, positive", "a bad cold, negative")]
+    dpes = dp_demos_optimizer(tmp_path, engine=SpanTeacherEngine(), public_inputs=inputs,
+                              labelling={**LABELLING, "vote": "span"})
+    dpes.compile(Classifier(), trainset=records(200))
+    assert dpes.outcome is not None
+    run_dir = Path(dpes.outcome.run_dir)
+    lines = charges(run_dir)
+    assert lines[0]["metadata"]["max_tokens"] == 1  # one vote per answer
+    labels = json.loads((run_dir / "labels.json").read_text())
+    assert labels["vote"] == "span"
+    right = [e for e in labels["examples"] if e["text"].endswith(", " + e["reference"])]
+    assert len(right) >= 3, labels["examples"]

@@ -22,6 +22,10 @@ land on chosen teachers. Rows:
 - ``canary_answer="c"``: the canary's answer is a token no public source proposes. Correct code
   never releases it (the statistic "c" released is 0 in both arms); code that lets a teacher's
   records into the candidate set releases it on D + canary only, an unbounded privacy loss.
+
+``vote="span"`` runs the span vote instead (:class:`~dp_textgrad.dp_es.dp_answers.SpanTeacherAnswers`):
+the public input is "public a b", whose one-token spans are the candidates, and a teacher writes
+the answer it would have voted for as its whole answer ("c" is no span: it votes "no span").
 """
 
 from __future__ import annotations
@@ -56,15 +60,26 @@ class _StubEngine:
         return list(PUBLIC_TOKENS[:k])
 
     def text_pieces(self, text: str) -> list[str]:
-        return []
+        return re.findall(r"\s*\S+", text)
+
+    def generate_after_prefix(
+        self, prefix: str, suffixes: Sequence[str], *, max_tokens: int, stop: Sequence[str] | None = None
+    ) -> list[str]:
+        return [" " + _wanted(prefix, None) + "\n" for _ in suffixes]
 
     def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
-        shown = _DEMO.findall(prefix.rsplit("Input: public", 1)[0])
-        last = max(shown, key=lambda demo: math.inf if demo[0] == "canary" else int(demo[0][1:]), default=None)
-        wanted = last[1] if last is not None and last[1] in choices else "a"
+        wanted = _wanted(prefix.rsplit("Input: public", 1)[0], choices)
         if any(suffix for suffix in suffixes):  # after the first token: end the answer
             wanted = "\n"
         return np.array([[1.0 if choice == wanted else 0.0 for choice in choices] for _ in suffixes])
+
+
+def _wanted(prompt: str, choices: Sequence[str] | None) -> str:
+    """The answer of the demonstration in ``prompt`` whose record came last in D, when it is one of
+    ``choices`` (None: any), else "a"."""
+    shown = _DEMO.findall(prompt)
+    last = max(shown, key=lambda demo: math.inf if demo[0] == "canary" else int(demo[0][1:]), default=None)
+    return last[1] if last is not None and (choices is None or last[1] in choices) else "a"
 
 
 def _record(name: str, answer: str) -> Any:
@@ -104,6 +119,7 @@ def _records(teachers: int, lead: int, canary_answer: str) -> tuple[list[Any], A
 def audit_token_voting(
     *,
     canary_answer: str = "b",
+    vote: str = "token",
     teachers: int = 8,
     sigma: float = 3.0,
     lead: int = 6,
@@ -118,6 +134,8 @@ def audit_token_voting(
     from dp_textgrad.tasks.metrics import metric_from_name
 
     trials = Trials.checked(runs, 1.0, 1.0, delta, alpha, False, seed)
+    if vote not in ("token", "span"):
+        raise ValueError(f"vote: 'token' or 'span', got {vote!r}")
     if canary_answer in PUBLIC_TOKENS[:1] or not canary_answer.strip() or " " in canary_answer:
         raise ValueError(f"canary_answer: a one-word answer other than 'a', got {canary_answer!r}")
     started = time.perf_counter()
@@ -139,7 +157,7 @@ def audit_token_voting(
         released = dp_answers(
             task,
             engine,
-            ["public"] * trials.runs,
+            ["public" if vote == "token" else "public a b"] * trials.runs,
             plan,
             ledger,
             NoiseSource(insecure_seed=noise_seed),
@@ -148,6 +166,8 @@ def audit_token_voting(
             max_demos=4,
             candidates=len(PUBLIC_TOKENS),
             copy_input=False,
+            vote=vote,
+            max_answer_tokens=1,
             label="audit",
         )
         return np.array([float(answer == canary_answer) for answer in released.labels])
@@ -160,13 +180,14 @@ def audit_token_voting(
     charged = ledger.events
     claim = claimed_epsilon(mechanism.event(1), delta) if charged == [plan.event] else 0.0
     return trials.result(
-        f"token_voting_{canary_answer}",
+        f"{vote}_voting_{canary_answer}",
         claim,
         bound,
         None,
         started=started,
         parameters={
             "canary_answer": canary_answer,
+            "vote": vote,
             "teachers": teachers,
             "sigma": float(sigma),
             "lead": lead,
