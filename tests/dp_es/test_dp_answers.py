@@ -157,17 +157,19 @@ def test_an_answer_cut_at_a_stop_string_keeps_what_comes_before() -> None:
 
 
 # -- the twin-run test -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def twins(tmp_path_factory):
+def twin_runs(tmp_path_factory, engine_factory, labelling) -> list:
+    """The D and D + one long record runs of the answering phase (``labelling``), then the search."""
     records = generation_records(200)
     overrides = {"public_examples": [], "public_inputs": list(POOL)}
-    settings = {k: v for k, v in SETTINGS.items() if k != "evaluate"}
-    runs = []
-    for name, rows, extra in (("d", records, 0), ("dx", records + [generation_long_record(records)], 1)):
-        runs.append(run_generation_twin(tmp_path_factory.mktemp(name), rows, {**settings, "evaluate": False},
-                                        engine_factory=TeacherGenerator, coupled_extra_records=extra,
-                                        task_overrides=overrides))
-    return runs
+    settings = {**SETTINGS, "evaluate": False, "labelling": labelling}
+    return [run_generation_twin(tmp_path_factory.mktemp(name), rows, settings, engine_factory=engine_factory,
+                                coupled_extra_records=extra, task_overrides=overrides)
+            for name, rows, extra in (("d", records, 0), ("dx", records + [generation_long_record(records)], 1))]
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    return twin_runs(tmp_path_factory, TeacherGenerator, LABELLING)
 
 
 def test_both_twins_answer_first_and_finish(twins) -> None:
@@ -405,15 +407,7 @@ def test_a_span_vote_refuses_the_token_votes_keys_and_classification(tmp_path) -
 
 @pytest.fixture(scope="module")
 def span_twins(tmp_path_factory):
-    records = generation_records(200)
-    overrides = {"public_examples": [], "public_inputs": list(POOL)}
-    settings = {**{k: v for k, v in SETTINGS.items() if k != "evaluate"}, "labelling": SPAN_LABELLING}
-    runs = []
-    for name, rows, extra in (("d", records, 0), ("dx", records + [generation_long_record(records)], 1)):
-        runs.append(run_generation_twin(tmp_path_factory.mktemp(name), rows, {**settings, "evaluate": False},
-                                        engine_factory=SpanGenerator, coupled_extra_records=extra,
-                                        task_overrides=overrides))
-    return runs
+    return twin_runs(tmp_path_factory, SpanGenerator, SPAN_LABELLING)
 
 
 def test_no_released_byte_differs_between_the_span_vote_twins(span_twins) -> None:
