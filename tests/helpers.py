@@ -247,9 +247,10 @@ def federated_silos(task, placement: str, count: int = 3, **options):
             for i, part in enumerate(parts)]
 
 
-def federated_run(task, silos, placement: str, **backend_options):
+def federated_run(task, silos, placement: str, dp: dict | None = None, **backend_options):
     """A 2-generation DP-ES run whose coordinator scores through ``silos`` in process:
-    (optimizer, result, transport); the transport keeps every reply the coordinator received."""
+    (optimizer, result, transport); the transport keeps every reply the coordinator received.
+    ``dp``: more DPESConfig settings."""
     import dataclasses
 
     from dp_textgrad import DPEvolutionStrategy
@@ -263,5 +264,5 @@ def federated_run(task, silos, placement: str, **backend_options):
     prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
     optimizer = DPEvolutionStrategy([prompt], task=coordinator_task, engine=support_engine(),
                                     scoring=lambda *_: backend, epsilon=3.0, generations=2, population=4,
-                                    sampling_rate=0.3, insecure_noise_seed=7, seed=1)
+                                    sampling_rate=0.3, insecure_noise_seed=7, seed=1, **(dp or {}))
     return optimizer, optimizer.run(), transport

@@ -141,3 +141,23 @@ def test_selection_fidelity_prices_replace_one_soundly_and_simulates_both_scorer
     assert noisy["kendall_tau"] < exact["kendall_tau"] and noisy["noise_std_on_mean"] == pytest.approx(
         8.0 * np.sqrt(6) / 200
     )
+
+
+def test_the_winners_curse_benchmark_shows_the_bias_the_fresh_estimate_removes(tmp_path) -> None:
+    # Six equal prompts: the search's released estimate is the best of six noisy ones (biased up);
+    # the fresh estimate of dp.final_estimate is not. Run as the script runs, on a cache of scores.
+    curse = _load_script("winners_curse")
+    rng = np.random.default_rng(0)
+    scores = (rng.random((6, 200)) < 0.5).astype(float)
+    scores[:] = scores[0]  # equal candidates: the curse at its largest
+    cache = tmp_path / "scores.json"
+    cache.write_text(json.dumps({"equal": {"prompts": ["p"] * 6, "scores": scores.tolist()}}))
+    output = tmp_path / "curse.json"
+    assert curse.main(["--draws", "600", "--epsilons", "1", "--cache", str(cache), "--output", str(output)]) == 0
+    result = json.loads(output.read_text())
+    plan, row = result["epsilons"]["1"]["plan"], result["epsilons"]["1"]["tasks"]["equal"]
+    assert plan["z"] > plan["z_without_estimate"] and plan["q_f"] == 1.0
+    assert row["search_bias"] > 4 * row["search_bias_se"]
+    assert abs(row["fresh_bias"]) < 4 * row["fresh_bias_se"]
+    assert 0.9 < row["fresh_coverage"] <= 1.0
+    assert result["command"].startswith("python benchmarks/winners_curse.py")

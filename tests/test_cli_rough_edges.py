@@ -251,6 +251,11 @@ def test_budget_config_plans_what_optimize_config_runs(run_file, tmp_path, monke
     assert z_plan == pytest.approx(saved["noise_multiplier"], abs=1e-4)
     assert q_plan == pytest.approx(saved["config"]["sampling_rate"], rel=1e-3)
     assert saved["config"]["generations"] == int(re.search(r"generations: (\d+)", run_file.read_text()).group(1))
+    fresh = re.search(r"noise std ([0-9.]+) on its mean", planned.output)
+    released = json.loads((run_dir / "result.json").read_text()).get("final_estimate")
+    assert (fresh is None) == (released is None) == ("final_estimate" not in run_file.read_text())
+    if fresh is not None:  # the final estimate's noise, as planned
+        assert float(fresh.group(1)) == pytest.approx(released["noise_std"], abs=1e-4)
 
 
 def test_budget_config_refuses_a_rate_only_the_run_can_know(tmp_path) -> None:

@@ -85,7 +85,9 @@ def replay_lab(tmp_path_factory) -> tuple[Path, dict[str, object]]:
     root = tmp_path_factory.mktemp("replay")
     write_csv(root / "train.csv", 60)
     write_csv(root / "test.csv", 5)
-    (root / "run.toml").write_text(f"[dp]\ninsecure_noise_seed = {REPLAY_SEED}\n", encoding="utf-8")
+    # final_estimate: the kill points cover the charge after the search as well
+    (root / "run.toml").write_text(f"[dp]\ninsecure_noise_seed = {REPLAY_SEED}\nfinal_estimate = true\n",
+                                   encoding="utf-8")
     assert run_to_end(_replay_argv(root, root / "baseline")) == 0
     (run_dir,) = (root / "baseline").glob("run-*")
     return root, released_files(run_dir)
@@ -107,6 +109,10 @@ KILL_POINTS = {
     "after a release, before the checkpoint": (runs.RunDir, "write_state", _checkpoint_after(1), False),
     # generation 1 is checkpointed; generation 2 not begun
     "after a checkpoint": (runs.RunDir, "write_state", _checkpoint_after(1), True),
+    # the search is over; the final estimate is charged, its subsample and noise not drawn
+    "after the final estimate's charge, before its release": (
+        PrivacyLedger, "spend", lambda ledger, event, label, *args, **kwargs: label.startswith("final estimate"), True
+    ),
     # a checkpoint was written just before the first search charge, which was never made
     "just before the first search charge": (PrivacyLedger, "spend", _generation_charge(0), False),
 }
@@ -129,14 +135,10 @@ def test_a_killed_and_resumed_run_releases_what_an_uninterrupted_run_does(replay
 
 
 def planned_atoms(run_dir: Path) -> list[dict]:
-    """The events the calibrated plan composes, one per charge, in order."""
+    """The plan's events, one per charge in order, rebuilt from the released config and checkpoint."""
     config = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
     plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
-    atoms = [event for t in range(config.generations)
-             for event in plan.generation_mechanisms(t, config.population).events(config.sampling_rate)]
-    final = plan.final()
-    atoms += [final.event(config.sampling_rate)] if final is not None else []
-    return [event_to_dict(event) for event in atoms]
+    return [event_to_dict(event) for event in plan.charges()]
 
 
 def test_resuming_a_run_killed_before_its_first_checkpoint_says_nothing_was_spent(replay_lab, tmp_path) -> None:

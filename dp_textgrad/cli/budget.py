@@ -256,7 +256,13 @@ def _run_file_config(
 
 def _print_forecast(plan, margin: float, max_new_tokens: int | None) -> None:
     """What the plan costs and how well it ranks, from public quantities only (docs/cli.md, budget)."""
-    from dp_textgrad.dp_es.plan import mean_noise_std, ranking_probability, sampling_std_bound
+    from dp_textgrad.dp_es.plan import (
+        final_estimate_std,
+        final_evaluations,
+        mean_noise_std,
+        ranking_probability,
+        sampling_std_bound,
+    )
 
     dp = plan.config
     size = dp.public_dataset_size
@@ -275,11 +281,23 @@ def _print_forecast(plan, margin: float, max_new_tokens: int | None) -> None:
     )
     evaluations = q * size * k * t
     final = plan.final()
-    extra = q * size * k if final is not None else 0.0
+    extra = final_evaluations(plan)
+    fresh = final_estimate_std(plan)
+    rate = dp.final_estimate_rate
+    if fresh is not None and rate is not None:
+        console.print(
+            f"Final estimate (dp.final_estimate): the released prompt re-scored on a fresh subsample of about "
+            f"{rate * size:.0f} records (q = {rate:.4g}), noise std {fresh[0]:.4f} on its mean and subsampling at "
+            f"most {fresh[1]:.4f}; calibrated alone to epsilon {dp.final_estimate.epsilon_share * dp.epsilon:.4g} "
+            "(its share), composed with the search in the bounds above."
+        )
+    added = " + ".join(
+        what for what, present in (("the final selection", final is not None), ("the final estimate", fresh)) if present
+    )
     output = f"; {max_new_tokens} output tokens at most each" if max_new_tokens else ""
     console.print(
         f"Planned private work: about {q * size * k:.0f} record evaluations per generation, {evaluations + extra:.0f} "
-        f"in all (q N K T{' + the final selection' if extra else ''}); each reads one private record of at most "
+        f"in all (q N K T{' + ' + added if added else ''}); each reads one private record of at most "
         f"{dp.max_record_tokens} tokens after a prompt of at most {dp.max_prompt_chars} characters{output}. "
         "The public phase (mutation, critiques) comes on top."
     )

@@ -300,6 +300,16 @@ def print_outcome(console: Console, outcome) -> None:
             f"the teachers' vote (epsilon {epsilon_text(labelling['epsilon'], 3)} alone); they were the "
             "search's demonstrations."
         )
+    fresh = getattr(result, "final_estimate", None)
+    if fresh is not None:  # dp.final_estimate: a DP output with public stds
+        low, high = fresh.interval
+        console.print(
+            f"[bold]Fresh DP estimate[/] of the released prompt's score on the private set: {fresh.estimate:.3f} "
+            f"[95% {low:.3f}, {high:.3f}; noise std {fresh.noise_std:.3f}, subsampling at most "
+            f"{fresh.sampling_std_bound:.3f}] (a fresh subsample and fresh noise: no winner's curse)",
+            soft_wrap=True,
+            highlight=False,
+        )
     if outcome.evaluation is not None:
         from dp_textgrad.report.fmt import INTERVAL_LABELS, metric_label
 

@@ -282,6 +282,49 @@ def default_teachers(dataset_size: int) -> int:
     return int(min(100, max(10, dataset_size // 20)))
 
 
+DEFAULT_FINAL_ESTIMATE_SHARE = 0.2
+
+
+class FinalEstimateConfig(BaseModel):
+    """A fresh DP estimate of the released prompt's score (``dp.final_estimate``), charged after the
+    final release: Gaussian noise on the prompt's clipped score sum over a fresh Poisson subsample.
+
+    The search's estimates are biased upward (the released prompt won a best-of-K on noisy scores:
+    the winner's curse); this one is not, because neither its subsample nor its noise took part in
+    choosing the prompt. It spends ``epsilon_share`` of the budget (calibrated alone at the run's
+    delta); the search is calibrated to the rest, as with ``dp.labelling``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epsilon_share: float = Field(
+        DEFAULT_FINAL_ESTIMATE_SHARE,
+        description="share of epsilon spent on the estimate (0 < share < 0.5); the search gets the rest",
+    )
+    sampling_rate: float | None = Field(
+        None,
+        description="Poisson rate of the estimate's fresh subsample; default min(1, K q): the records of one "
+        "generation, all on the released prompt",
+    )
+
+    @field_validator("epsilon_share")
+    @classmethod
+    def _share_below_half(cls, value: float) -> float:
+        if not math.isfinite(value) or not 0 < value < 0.5:
+            raise ValueError(
+                f"epsilon_share must be in (0, 0.5), got {value}; the estimate is a check on the search, "
+                "which needs most of the budget"
+            )
+        return value
+
+    @field_validator("sampling_rate")
+    @classmethod
+    def _rate_in_unit_interval(cls, value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or not 0 < value <= 1):
+            raise ValueError(f"sampling_rate must be in (0, 1], got {value}, or left out (min(1, K q))")
+        return value
+
+
 class DPESConfig(BaseModel):
     """Everything that defines a DP-ES run. Budget first: the noise is calibrated from it.
 
@@ -325,6 +368,11 @@ class DPESConfig(BaseModel):
         "last", description="'last': free; 'exponential' or 'permute_and_flip': charged, on a fresh subsample"
     )
     final_epsilon: float = Field(0.5, gt=0, description="epsilon0 of the charged final selection")
+    final_estimate: FinalEstimateConfig | None = Field(
+        None,
+        description="a fresh DP estimate of the released prompt's score, free of the winner's curse, for "
+        "epsilon_share of the budget (true: the defaults; default: none)",
+    )
     feedback: FeedbackKind = Field(
         "dp_confusion",
         description="DP aggregate feedback for critiques: the confusion matrix (classification) or the "
@@ -431,6 +479,13 @@ class DPESConfig(BaseModel):
             raise ValueError(f"max_error_share must be in (0, 1), got {value}, or left out (never stop on failures)")
         return value
 
+    @field_validator("final_estimate", mode="before")
+    @classmethod
+    def _estimate_shorthand(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # `final_estimate: true` in a run file: the defaults
+            return FinalEstimateConfig() if value else None
+        return value
+
     @field_validator("sampling_rate", mode="before")
     @classmethod
     def _rate_or_auto(cls, value: Any) -> Any:
@@ -476,6 +531,11 @@ class DPESConfig(BaseModel):
             )
         if self.privacy == "off" and self.final_selection != "last":
             raise ValueError("privacy: 'off' has no DP final selection; set final_selection='last'")
+        if self.privacy == "off" and self.final_estimate is not None:
+            raise ValueError(
+                "final_estimate: a DP re-estimate needs privacy 'dp'; privacy 'off' reports exact scores (remove "
+                "final_estimate, or score the prompt on test data with `dp-textgrad evaluate`)"
+            )
         if self.max_error_share is not None and not strategy.releases_scores:
             raise ValueError(
                 f"max_error_share: the count of failed records is released with the Gaussian scores; with "
@@ -524,6 +584,15 @@ class DPESConfig(BaseModel):
         if self.sampling_rate == "auto":
             raise ConfigError("sampling_rate: 'auto' is not planned yet (dp_es.plan.resolve_sampling_rate plans it)")
         return float(self.sampling_rate)
+
+    @property
+    def final_estimate_rate(self) -> float | None:
+        """The Poisson rate of the final estimate's fresh subsample (None: no final estimate)."""
+        if self.final_estimate is None:
+            return None
+        if self.final_estimate.sampling_rate is not None:
+            return float(self.final_estimate.sampling_rate)
+        return min(1.0, self.population * self.resolved_sampling_rate)
 
     @property
     def auto_sampling_rate(self) -> bool:

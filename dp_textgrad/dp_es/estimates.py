@@ -13,6 +13,9 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
+# A 95% normal interval for released noisy estimates (what each one covers is said where it is shown).
+Z95 = 1.959964
+
 
 @dataclass
 class ReleasedScores:

@@ -23,7 +23,7 @@ from dp_textgrad import runs
 from dp_textgrad._textgrad import import_textgrad
 from dp_textgrad.dp_es import labelling_phase, size_count
 from dp_textgrad.dp_es.config import ConfigError, DPESConfig, config_with
-from dp_textgrad.dp_es.estimates import ReleasedScores
+from dp_textgrad.dp_es.estimates import Z95, ReleasedScores
 from dp_textgrad.dp_es.generation import GenerationStep, no_shrinkage
 from dp_textgrad.dp_es.labelling import DPLabelled
 from dp_textgrad.dp_es.mutation import CritiquePipeline, MutationEngine
@@ -32,6 +32,7 @@ from dp_textgrad.dp_es.plan import RunPlan, decide_llm_operators
 from dp_textgrad.dp_es.population import Candidate, PopulationManager
 from dp_textgrad.dp_es.preflight import PreflightError, length_tools, preflight
 from dp_textgrad.dp_es.reports import (
+    FinalEstimate,
     GenerationReport,
     GenerationTelemetry,
     SearchResult,
@@ -51,6 +52,8 @@ _tg = import_textgrad()
 Optimizer: Any = _tg.optimizer.Optimizer  # TextGrad's base class (textgrad ships no type information)
 
 StopCallback = Callable[[GenerationReport], bool]
+
+FINAL_ESTIMATE_LABEL = "final estimate: noisy score of the released prompt on a fresh subsample"
 
 
 class EvolutionController(Optimizer):
@@ -359,6 +362,7 @@ class EvolutionController(Optimizer):
             except BudgetExceeded:
                 pass  # the last generation's best stands; it was released already
         self.variable.set_value(best.text)
+        fresh = self._final_estimate(best)
         estimate = self.population.shrunk_estimates().get(best.id)
         return SearchResult(
             prompt=best.text,
@@ -381,6 +385,34 @@ class EvolutionController(Optimizer):
             },
             planned_private_evaluations=self.planned_private_evaluations,
             labelling=None if self.labelled is None else labelling_phase.labels_payload(self.labelled),
+            final_estimate=fresh,
+        )
+
+    def _final_estimate(self, best: Candidate) -> FinalEstimate | None:
+        """The released prompt's score on a fresh subsample with fresh noise (``dp.final_estimate``),
+        charged first; None without one, or when the budget refuses it (the prompt stands)."""
+        mechanism, rate = self.plan.final_estimate(float(self.task.clip_bound)), self.config.final_estimate_rate
+        if mechanism is None or rate is None:
+            return None
+        scorer = self.scorer.at_rate(rate)
+        try:
+            released = scorer.score([best], mechanism, FINAL_ESTIMATE_LABEL)
+        except BudgetExceeded:
+            return None
+        value = float(released.estimates[0])
+        noise_std = float(released.noise_std_estimate)
+        batch = scorer.expected_batch_size
+        # Public: the rate and the declared or DP-counted N (scores in [0, C]).
+        sampling = float(self.task.clip_bound) * math.sqrt(max(0.0, 1.0 - rate) / batch)
+        half = Z95 * math.hypot(noise_std, sampling)
+        return FinalEstimate(
+            candidate_id=best.id,
+            estimate=self._in_range(value),
+            noise_std=noise_std,
+            sampling_std_bound=sampling,
+            interval=(self._in_range(value - half), self._in_range(value + half)),
+            sampling_rate=rate,
+            expected_batch_size=batch,
         )
 
     def _last_best(self) -> Candidate:

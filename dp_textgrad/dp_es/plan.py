@@ -29,7 +29,12 @@ from dp_textgrad.privacy.accounting.accountants import Accountant
 from dp_textgrad.privacy.accounting.bounds import all_bounds, default_accountants
 from dp_textgrad.privacy.accounting.calibration import calibrate_noise_multiplier, calibrate_pure_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
-from dp_textgrad.privacy.mechanisms import LaplaceCountMechanism, SelectionMechanism, selection_mechanism
+from dp_textgrad.privacy.mechanisms import (
+    GaussianScoreMechanism,
+    LaplaceCountMechanism,
+    SelectionMechanism,
+    selection_mechanism,
+)
 from dp_textgrad.privacy.token_voting import AnsweringPlan, TokenGNMax, calibrate_token_gnmax
 from dp_textgrad.privacy.voting import ConfidentGNMax, GNMax, LabellingPlan, VotingMechanism, calibrate_gnmax
 
@@ -94,6 +99,20 @@ class RunPlan:
         if self.config.final_selection == "last":
             return None
         return selection_mechanism(self.config.final_selection, self.config.final_epsilon, 1, clip_bound)
+
+    @property
+    def final_estimate_noise_multiplier(self) -> float | None:
+        """The noise multiplier of the final estimate (calibrated to its share alone), or None without one."""
+        settings, rate = self.config.final_estimate, self.config.final_estimate_rate
+        if settings is None or rate is None or self.strategy.calibrates is None:
+            return None
+        return _final_estimate_noise(settings.epsilon_share * self.config.epsilon, self.config.resolved_delta, rate)
+
+    def final_estimate(self, clip_bound: float = _PLAN_CLIP_BOUND) -> GaussianScoreMechanism | None:
+        """The fresh DP estimate of the released prompt (one noisy sum at rate ``config.final_estimate_rate``),
+        or None when the run has none."""
+        z = self.final_estimate_noise_multiplier
+        return None if z is None else GaussianScoreMechanism(z, clip_bound, 1)
 
     @property
     def size_count(self) -> LaplaceCountMechanism | None:
@@ -202,7 +221,26 @@ class RunPlan:
         final = self.final()
         if final is not None:
             events.append(final.event(q))
+        estimate, rate = self.final_estimate(), self.config.final_estimate_rate
+        if estimate is not None and rate is not None:
+            events.append(estimate.event(rate))
         return dp_accounting.ComposedDpEvent(events)
+
+    def charges(self) -> list[dp_accounting.DpEvent]:
+        """The search's events one per ledger entry, in the order a run charges them: each generation's
+        (at full population), then the final selection and the final estimate where planned. A finished
+        run's ledger after its count and labelling is exactly this list (the tests check it)."""
+        if self.strategy.calibrates is None:
+            return []
+        q = self.config.resolved_sampling_rate
+        events = [event for t in range(self.config.generations) for event in self.generation_mechanisms(t).events(q)]
+        final = self.final()
+        if final is not None:
+            events.append(final.event(q))
+        estimate, rate = self.final_estimate(), self.config.final_estimate_rate
+        if estimate is not None and rate is not None:
+            events.append(estimate.event(rate))
+        return events
 
     def describe(self) -> str:
         return self.strategy.describe(self.value, self.config.parents)
@@ -234,6 +272,15 @@ class RunPlan:
                 f"labelling.epsilon_share: {labelling.epsilon_share:g} of epsilon leaves nothing for the search "
                 f"after the count of N ({config.size_epsilon_share:g}); lower it, or declare dataset_size"
             )
+        estimate = config.final_estimate
+        shares = (0.0 if labelling is None else labelling.epsilon_share) + (
+            0.0 if estimate is None else estimate.epsilon_share
+        )
+        if estimate is not None and shares * config.epsilon >= config.search_epsilon:
+            raise ConfigError(
+                f"final_estimate.epsilon_share: {estimate.epsilon_share:g} of epsilon, with the labelling's share "
+                "and the count of N, leaves nothing for the search; lower a share, or declare dataset_size"
+            )
         # Stage 2 (labelling, if any, then the search) is calibrated to the budget less the count's:
         # the labelling at its share, the search to what the two composed leave.
         return cls(config, _calibrated_value(_schedule_key(config), config.search_epsilon))
@@ -249,6 +296,7 @@ _SCHEDULE_FIELDS = (
     "selection",
     "final_selection",
     "final_epsilon",
+    "final_estimate",
     "feedback",
     "feedback_noise_ratio",
     "max_error_share",
@@ -327,6 +375,33 @@ def sampling_std_bound(config: DPESConfig) -> float:
     if size is None:
         return math.nan
     return math.sqrt(max(0.0, 1.0 - q) / (q * size))
+
+
+def final_estimate_std(plan: RunPlan) -> tuple[float, float] | None:
+    """The final estimate's DP noise std and its public subsampling bound on a mean score (units of
+    C), or None without a final estimate: z_f C / (q_f N) and sqrt((1 - q_f) / (q_f N)). Public."""
+    z, rate = plan.final_estimate_noise_multiplier, plan.config.final_estimate_rate
+    size = plan.config.public_dataset_size
+    if z is None or rate is None:
+        return None
+    if size is None:
+        return math.nan, math.nan
+    batch = rate * size
+    return z / batch, math.sqrt(max(0.0, 1.0 - rate) / batch)
+
+
+def final_evaluations(plan: RunPlan) -> float:
+    """Planned private record evaluations after the search: a charged final selection's q N K and the
+    final estimate's q_f N (N the declared or DP-counted size; 0 when neither is planned). Public."""
+    config = plan.config
+    size = config.public_dataset_size
+    if size is None:
+        return math.nan
+    total = config.resolved_sampling_rate * size * config.population if plan.final() is not None else 0.0
+    rate = config.final_estimate_rate
+    if rate is not None and plan.final_estimate() is not None:
+        total += rate * size
+    return total
 
 
 def mean_score_std(plan: RunPlan) -> float:
@@ -437,6 +512,19 @@ def _answering_mechanism(settings: LabellingConfig, sigma: float) -> TokenGNMax:
 
 
 @functools.lru_cache(maxsize=64)
+def _final_estimate_noise(epsilon: float, delta: float, rate: float) -> float:
+    try:
+        return calibrate_noise_multiplier(
+            lambda z: GaussianScoreMechanism(z, _PLAN_CLIP_BOUND, 1).event(rate), epsilon, delta
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            f"final_estimate: cannot fit one Gaussian estimate into its share epsilon={epsilon:g} ({exc}); "
+            "raise final_estimate.epsilon_share"
+        ) from None
+
+
+@functools.lru_cache(maxsize=64)
 def _answering_sigma(epsilon: float, delta: float, queries: int, max_tokens: int, rate: float) -> float:
     try:
         return calibrate_token_gnmax(epsilon, delta, queries, max_tokens, rate)
@@ -464,6 +552,8 @@ __all__ = [
     "CALIBRATION_EPSILON_RANGE",
     "RunPlan",
     "decide_llm_operators",
+    "final_estimate_std",
+    "final_evaluations",
     "mean_noise_std",
     "mean_score_std",
     "ranking_probability",

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dp_textgrad.privacy import release
 from dp_textgrad.privacy.accounting.bounds import format_epsilon
 from dp_textgrad.privacy.accounting.ledger import BudgetExceeded
 from dp_textgrad.privacy.accounting.lifetime import LifetimeCapExceeded
@@ -97,6 +98,28 @@ class UsageMark:
         )
 
 
+@dataclass(frozen=True)
+class FinalEstimate:
+    """A fresh DP estimate of the released prompt's mean score (``dp.final_estimate``): one noisy
+    sum over a fresh Poisson subsample, divided by the public q_f N. Neither its subsample nor its
+    noise chose the prompt, so it carries no winner's curse; ``interval`` covers its noise and its
+    subsampling (a public bound), clipped to the metric's range. It is a score on the private set,
+    not on new data: for that, score the prompt on a public test split."""
+
+    candidate_id: str
+    estimate: float
+    noise_std: float
+    sampling_std_bound: float
+    interval: tuple[float, float]
+    sampling_rate: float
+    expected_batch_size: float
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["interval"] = list(self.interval)
+        return out
+
+
 @dataclass
 class SearchResult:
     """The released prompt with its guarantee and the run's public history."""
@@ -116,10 +139,13 @@ class SearchResult:
     public_usage: dict[str, int] = field(default_factory=dict)
     planned_private_evaluations: float = 0.0
     labelling: dict[str, Any] | None = None  # the labelling phase's release (labels.json), if the run had one
+    final_estimate: FinalEstimate | None = None  # dp.final_estimate: the released prompt re-scored, if planned
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         out["history"] = [h.as_dict() for h in self.history]
+        if self.final_estimate is not None:  # every field classified (channel `final_estimate`)
+            out["final_estimate"] = release.released("final_estimate", self.final_estimate.as_dict())
         return out
 
 

@@ -25,6 +25,7 @@ Any other failure while records are read (a worker that dies) is rewritten into
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import warnings
@@ -129,6 +130,13 @@ class DPScorer:
         self.journal: ReplayJournal | None = None
         # Where the count and first text of records that failed to score go (operator-only; None: dropped).
         self.operator_log: Callable[[str], object] | None = None
+
+    def at_rate(self, sampling_rate: float) -> DPScorer:
+        """This scorer (same task, engine, ledger, noise, backend and journal) drawing its
+        subsamples at another public rate: the final estimate's (``dp.final_estimate``)."""
+        view = copy.copy(self)
+        view.sampling_rate = check_sampling_rate(sampling_rate)
+        return view
 
     @property
     def clip_bound(self) -> float:

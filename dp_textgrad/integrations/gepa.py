@@ -883,7 +883,15 @@ def _schedule_for(max_metric_calls: Any, config: DPESConfig) -> dict[str, Any]:
     if isinstance(max_metric_calls, bool) or not isinstance(max_metric_calls, int) or max_metric_calls < 1:
         raise ConfigError(f"max_metric_calls: must be an int >= 1, got {max_metric_calls!r}")
     size, rate, population = config.dataset_size, config.sampling_rate, config.population
-    final = 0 if config.final_selection == "last" else 1  # a charged final selection scores like a generation
+    # A charged final selection scores like a generation; so, at most, does the final estimate (its
+    # default rate min(1, K q) reads one generation's records, on one prompt).
+    final = (0 if config.final_selection == "last" else 1) + (0 if config.final_estimate is None else 1)
+    if config.final_estimate is not None and config.final_estimate.sampling_rate is not None:
+        raise ConfigError(
+            "final_estimate.sampling_rate: with max_metric_calls the final estimate keeps its default rate, "
+            "min(1, K q), one generation's calls; remove final_estimate.sampling_rate (or give generations "
+            "instead of max_metric_calls)"
+        )
     if rate == "auto":  # the planner needs the generations this function derives: a circle
         raise ConfigError(
             "sampling_rate: 'auto' plans q for a given number of generations; with max_metric_calls give a "
@@ -902,7 +910,7 @@ def _schedule_for(max_metric_calls: Any, config: DPESConfig) -> dict[str, Any]:
             raise ConfigError(
                 f"max_metric_calls: {max_metric_calls} cannot pay for one generation: population {population} x "
                 f"an expected batch of {batch:g} records = {per_generation:g} calls"
-                + (f" (plus {per_generation:g} for the final selection)" if final else "")
+                + (f" (plus {per_generation * final:g} for the final selection or estimate)" if final else "")
                 + f"; raise max_metric_calls to at least {math.ceil(per_generation * (1 + final))}, or lower "
                 "population or sampling_rate"
             )
@@ -918,7 +926,7 @@ def _schedule_for(max_metric_calls: Any, config: DPESConfig) -> dict[str, Any]:
         raise ConfigError(
             f"max_metric_calls: {max_metric_calls} cannot pay for one generation at the default sampling rate "
             f"(population {population} x about {DEFAULT_EXPECTED_BATCH} records"
-            + (", plus as many for the final selection" if final else "")
+            + (", plus as many for the final selection or estimate" if final else "")
             + f" = {one_generation} calls); declare dataset_size (a public N) so that the rate can be lowered "
             f"to fit (from {smallest} calls), or raise max_metric_calls to at least {one_generation}"
         )
@@ -931,7 +939,7 @@ def _schedule_for(max_metric_calls: Any, config: DPESConfig) -> dict[str, Any]:
     raise ConfigError(
         f"max_metric_calls: {max_metric_calls} is too few for DP-ES: one generation scores population "
         f"{population} candidates on at least {MIN_EXPECTED_BATCH} expected records each"
-        + (", plus as many for the final selection" if final else "")
+        + (", plus as many for the final selection or estimate" if final else "")
         + f" ({smallest} calls); raise max_metric_calls to at least {smallest}, or lower population "
         f"(population=2 needs {2 * MIN_EXPECTED_BATCH * (1 + final)})"
     )
@@ -963,9 +971,11 @@ def _released_candidates(outcome: RunOutcome, score: AdapterScore) -> list[dict[
 
 def _expected_calls(outcome: RunOutcome) -> float:
     """Planned expected adapter calls on private records: q N K per generation (N declared or DP-counted)."""
-    config = outcome.optimizer.config
-    charged_rounds = config.generations + (0 if config.final_selection == "last" else 1)
-    return float(outcome.result.planned_private_evaluations) * charged_rounds
+    from dp_textgrad.dp_es.plan import final_evaluations
+
+    optimizer = outcome.optimizer
+    search = float(outcome.result.planned_private_evaluations) * optimizer.config.generations
+    return search + final_evaluations(optimizer.plan)
 
 
 def _val_scores(adapter: Any, candidates: Sequence[dict[str, str]], valset: list[Any]) -> list[float]:

@@ -84,6 +84,7 @@ CHANNELS: dict[str, dict[str, str]] = {
         "planned_private_evaluations": DP_OUTPUT,  # from the declared (public) or DP-counted N
         "fewshot": PUBLIC,  # the audit's positive control: says it is NOT private
         "labelling": DP_OUTPUT,  # the labelling phase's release: labels.json's payload (channel `labelling`)
+        "final_estimate": DP_OUTPUT,  # dp.final_estimate: the released prompt re-scored (channel `final_estimate`)
         "seconds": OPERATOR_ONLY,
         "engine_usage": OPERATOR_ONLY,  # totals include the private phase
     },
@@ -119,6 +120,16 @@ CHANNELS: dict[str, dict[str, str]] = {
         "labels": DP_OUTPUT,  # per input: the noisy vote's label or answer, or None (not answered)
         "answered": DP_OUTPUT,  # how many inputs got a label: a function of the labels
         "examples": DP_OUTPUT,  # the answered inputs with their labels
+    },
+    # The fresh DP estimate of the released prompt (dp.final_estimate): result.json's `final_estimate`
+    "final_estimate": {
+        "candidate_id": DP_OUTPUT,  # the released prompt's id
+        "estimate": DP_OUTPUT,  # noisy sum on a fresh Poisson subsample / q_f N, clipped to [0, C]
+        "noise_std": PUBLIC,  # z_f C / (q_f N): the calibrated noise and the declared N (or the DP count)
+        "sampling_std_bound": PUBLIC,  # C sqrt((1 - q_f) / (q_f N)): public rate and N
+        "interval": DP_OUTPUT,  # estimate +- 1.96 x both, clipped
+        "sampling_rate": PUBLIC,
+        "expected_batch_size": PUBLIC,  # q_f N with the declared or DP-counted N
     },
     # checkpoint.json (meant to be resumable anywhere, so it is released too)
     "checkpoint": {

@@ -87,6 +87,12 @@ def _mechanism(config: dict[str, Any], result: dict[str, Any] | None = None, cha
     if "errors" in (charged or set()):
         share = sig(cfg.get("max_error_share"))
         text += f"; the noisy count of records that failed to score (stop above max_error_share {share})"
+    fresh = (result or {}).get("final_estimate")
+    if fresh:
+        text += (
+            f"; then one Gaussian estimate of the released prompt's mean score on a fresh Poisson subsample "
+            f"(rate {sig(fresh.get('sampling_rate'))}, noise std {sig(fresh.get('noise_std'))} on the mean)"
+        )
     return text
 
 
@@ -169,11 +175,11 @@ def released(result: dict[str, Any], config: dict[str, Any] | None = None) -> li
     lines = ["## Released prompt", "", "```text", result["prompt"], "```", ""]
     estimate = result.get("estimate")
     if estimate is None:
-        return lines
+        return lines + fresh_estimate(result) + ([""] if result.get("final_estimate") else [])
     evaluations = (result.get("lineage") or [{}])[0].get("evaluations") or []
     noise_std = evaluations[-1].get("noise_std") if evaluations else None
     if not noise_std:
-        return lines + [f"Score estimate: **{num(estimate)}**.", ""]
+        return lines + [f"Score estimate: **{num(estimate)}**."] + fresh_estimate(result) + [""]
     cfg = (config or {}).get("config", {})
     size = (config or {}).get("dataset_size") or cfg.get("dataset_size") or cfg.get("counted_dataset_size")
     q = cfg.get("sampling_rate")
@@ -193,16 +199,37 @@ def released(result: dict[str, Any], config: dict[str, Any] | None = None) -> li
             f"{size} records; at most {sig(sampling)} std), the 95% interval is {num(estimate - both)} to "
             f"{num(estimate + both)}."
         )
+    fresh = result.get("final_estimate")
     population = int(cfg.get("population") or 0)
     if population >= 2:
         bias = expected_maximum(population) * float(noise_std)
+        unbiased = (
+            "The fresh estimate below has no such bias."
+            if fresh
+            else "For an unbiased figure, plan `dp.final_estimate`, or score the prompt on public test data "
+            "(`dp-textgrad evaluate`)."
+        )
         lines.append(
             f"Winner's curse: this prompt was released because its estimate was the best of {population} noisy "
             f"estimates, and the best of {population} equal candidates' estimates overstates their score by "
             f"{sig(bias)} on average ({expected_maximum(population):.2f} noise std); the shrinkage takes back "
-            "part of it. For an unbiased figure, score the prompt on public test data (`dp-textgrad evaluate`)."
+            f"part of it. {unbiased}"
         )
-    return lines + [""]
+    return lines + fresh_estimate(result) + [""]
+
+
+def fresh_estimate(result: dict[str, Any]) -> list[str]:
+    """The fresh DP estimate of the released prompt (``dp.final_estimate``), if the run made one."""
+    fresh = result.get("final_estimate")
+    if not fresh:
+        return []
+    low, high = fresh["interval"]
+    return [
+        f"Fresh DP estimate (`dp.final_estimate`): **{num(fresh['estimate'])}** (95% interval {num(low)} to "
+        f"{num(high)}: noise std {sig(fresh['noise_std'])} and subsampling at most "
+        f"{sig(fresh['sampling_std_bound'])}). Neither its subsample nor its noise chose the prompt, so it "
+        "carries no winner's curse; it scores the private set, not new data."
+    ]
 
 
 def _cell(text: Any, limit: int = 120) -> str:

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from scipy.stats import binomtest
 
+from dp_textgrad.dp_es.estimates import Z95
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# A 95% normal interval for released noisy estimates: it describes the added noise only.
-Z95 = 1.959964
 BLUE, GREY, ORANGE = "#2b6cb0", "#8a8f98", "#dd6b20"
 
 

@@ -202,12 +202,7 @@ def planned_atoms(run_dir: Path) -> list[dict]:
     config = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
     plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
     assert plan.labelling_event is not None
-    atoms = [plan.labelling_event]
-    atoms += [event for t in range(config.generations)
-              for event in plan.generation_mechanisms(t, config.population).events(config.sampling_rate)]
-    final = plan.final()
-    atoms += [final.event(config.sampling_rate)] if final is not None else []
-    return [event_to_dict(event) for event in atoms]
+    return [event_to_dict(event) for event in [plan.labelling_event, *plan.charges()]]
 
 
 def test_optimize_labels_public_inputs_and_charges_exactly_its_plan(tmp_path, monkeypatch, llama_engine) -> None:

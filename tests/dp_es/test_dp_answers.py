@@ -75,11 +75,7 @@ def planned_atoms(run_dir: Path) -> list[dict]:
     plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
     answering = plan.labelling(0)
     assert isinstance(answering, AnsweringPlan)
-    atoms = list(answering.events())
-    atoms += [e for t in range(config.generations) for e in plan.generation_mechanisms(t).events(config.sampling_rate)]
-    final = plan.final()
-    atoms += [final.event(config.sampling_rate)] if final is not None else []
-    return [event_to_dict(event) for event in atoms]
+    return [event_to_dict(event) for event in list(answering.events()) + plan.charges()]
 
 
 @pytest.fixture(scope="module")

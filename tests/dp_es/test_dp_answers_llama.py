@@ -60,10 +60,7 @@ def test_optimize_answers_then_searches_on_the_local_model_and_the_ledger_is_the
     plan = RunPlan.with_value(released, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
     answering = plan.labelling(0)
     assert isinstance(answering, AnsweringPlan) and answering.mechanism.max_tokens == (14 if vote == "token" else 1)
-    atoms = [*answering.events()]
-    atoms += [e for t in range(released.generations) for e in plan.generation_mechanisms(t).events(released.sampling_rate)]
-    final = plan.final()
-    atoms += [final.event(released.sampling_rate)] if final is not None else []
+    atoms = [*answering.events(), *plan.charges()]
     lines = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()[1:]]
     assert [line["event"] for line in lines] == [event_to_dict(e) for e in atoms]
     labels = json.loads((run_dir / "labels.json").read_text())

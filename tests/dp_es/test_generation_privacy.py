@@ -74,14 +74,7 @@ def planned_atoms(run_dir: Path) -> list[dict]:
     """The plan's events, one per charge in order, rebuilt from the released config and checkpoint."""
     config = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
     plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
-    atoms = [
-        event
-        for t in range(config.generations)
-        for event in plan.generation_mechanisms(t, config.population).events(config.sampling_rate)
-    ]
-    final = plan.final()
-    atoms += [final.event(config.sampling_rate)] if final is not None else []
-    return [event_to_dict(event) for event in atoms]
+    return [event_to_dict(event) for event in plan.charges()]
 
 
 # -- 1. the ledger is the plan, atom for atom ----------------------------------------------------
@@ -100,6 +93,13 @@ CASES = {
     "final selection": (
         LengthTimedGenerator,
         dict(feedback="dp_confusion", final_selection="exponential", final_epsilon=0.2, dataset_size=30),
+        True,
+    ),
+    # both charged after the search: the selection, then the fresh estimate of the prompt it chose
+    "final selection and estimate": (
+        LengthTimedGenerator,
+        dict(feedback="dp_confusion", final_selection="exponential", final_epsilon=0.2, dataset_size=30,
+             final_estimate={"epsilon_share": 0.15, "sampling_rate": 0.6}),
         True,
     ),
 }

@@ -50,10 +50,7 @@ def planned_atoms(run_dir: Path, num_labels: int) -> list[dict]:
     plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
     labelling = plan.labelling(num_labels)
     atoms = [] if labelling is None else list(labelling.events())
-    atoms += [e for t in range(config.generations) for e in plan.generation_mechanisms(t).events(config.sampling_rate)]
-    final = plan.final()
-    atoms += [final.event(config.sampling_rate)] if final is not None else []
-    return [event_to_dict(event) for event in atoms]
+    return [event_to_dict(event) for event in atoms + plan.charges()]
 
 
 # -- the ledger is the plan, the labelling first ------------------------------------------------------

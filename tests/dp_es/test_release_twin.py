@@ -26,8 +26,9 @@ from tests.twin import (
 )
 
 SCHEDULES = {
+    # with the fresh DP estimate of the released prompt (dp.final_estimate), charged last
     "gaussian": "epsilon = 4\ngenerations = 3\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
-                "feedback = \"none\"\ninsecure_noise_seed = 11\n",
+                "feedback = \"none\"\ninsecure_noise_seed = 11\nfinal_estimate = true\n",
     "exponential": "epsilon = 4\ngenerations = 3\npopulation = 3\nparents = 2\nsampling_rate = 0.5\n"
                    "selection = \"exponential\"\ninsecure_noise_seed = 11\n",
 }
@@ -52,6 +53,18 @@ def test_the_runs_finish(twins) -> None:
     for capture in twins:
         assert capture.exit_code == 0, capture.stdout + capture.stderr
         assert "result.json" in capture.released
+
+
+def test_the_final_estimate_is_charged_last_and_released(twins) -> None:
+    for capture in twins:
+        labels = [json.loads(line)["label"] for line in capture.released["ledger.jsonl"].splitlines()[1:]]
+        fresh = json.loads(capture.released["result.json"]).get("final_estimate")
+        planned = json.loads(capture.released["config.json"])["config"].get("final_estimate") is not None
+        assert labels[-1].startswith("final estimate") is planned
+        assert (fresh is not None) is planned
+        if planned:  # the released prompt, re-scored: a DP output within the metric's range
+            assert fresh["candidate_id"] == json.loads(capture.released["result.json"])["candidate_id"]
+            assert 0.0 <= fresh["interval"][0] <= fresh["estimate"] <= fresh["interval"][1] <= 1.0
 
 
 def test_the_size_is_a_dp_count_charged_first(twins) -> None:
@@ -89,7 +102,7 @@ def test_the_operator_area_sees_the_long_record(twins) -> None:
 # Seed 7 samples x in generations 0 and 2 of both schedules (so in a released failure histogram).
 _GENERATION = dict(epsilon=4, generations=3, population=3, parents=2, sampling_rate=0.5, insecure_noise_seed=7)
 GENERATION_SCHEDULES = {
-    "exact, no feedback": ({**_GENERATION, "feedback": "none"}, "exact"),
+    "exact, no feedback": ({**_GENERATION, "feedback": "none", "final_estimate": True}, "exact"),
     "judge, failure histogram": ({**_GENERATION, "feedback": "dp_confusion", "llm_operators": True}, "judge"),
 }
 
@@ -118,6 +131,9 @@ def test_the_generation_runs_finish_and_read_the_histogram_where_asked(generatio
         charges = [json.loads(line)["metadata"] for line in capture.released["ledger.jsonl"].splitlines()[1:]]
         with_histogram = [c for c in charges if c.get("feedback_candidates")]
         assert bool(with_histogram) == (schedule == "judge, failure histogram")
+        fresh = GENERATION_SCHEDULES[schedule][0].get("final_estimate", False)
+        labels = [json.loads(line)["label"] for line in capture.released["ledger.jsonl"].splitlines()[1:]]
+        assert labels[-1].startswith("final estimate") is fresh
 
 
 def test_every_released_generation_channel_is_identical(generation_twins) -> None:

@@ -40,12 +40,18 @@ run_with = helpers.federated_run
 
 @pytest.mark.parametrize("placement", ["central", "distributed", "local"])
 def test_every_placement_charges_the_single_machine_events(task, placement) -> None:
+    # With the fresh estimate of the released prompt too: the silos score it at its own rate.
+    fresh = {"final_estimate": {"epsilon_share": 0.2}}
     prompt = tg.Variable(task.seed_prompt, role_description="instruction", requires_grad=True)
     single = DPEvolutionStrategy([prompt], task=task, engine=make_engine(), epsilon=3.0, generations=2, population=4,
-                                 sampling_rate=0.3, insecure_noise_seed=7, seed=1)
-    single.run()
-    optimizer, result, _ = run_with(task, silos_of(task, placement), placement)
+                                 sampling_rate=0.3, insecure_noise_seed=7, seed=1, **fresh)
+    single_result = single.run()
+    optimizer, result, _ = run_with(task, silos_of(task, placement), placement, dp=fresh)
     assert optimizer.ledger.events == single.ledger.events
+    assert optimizer.ledger.entries[-1].label.startswith("final estimate")
+    factor = math.sqrt(3) if placement == "local" else 1.0
+    assert result.final_estimate is not None and single_result.final_estimate is not None
+    assert result.final_estimate.noise_std == pytest.approx(factor * single_result.final_estimate.noise_std)
     assert result.epsilon == pytest.approx(single.ledger.epsilon())
     factor = math.sqrt(3) if placement == "local" else 1.0
     assert noise_per_generation(result) == pytest.approx({g: factor * s for g, s in

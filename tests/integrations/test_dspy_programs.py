@@ -183,6 +183,19 @@ def test_the_plan_states_the_cost_before_anything_is_charged(tmp_path, capsys) -
     assert plan.private_calls == pytest.approx(q * n * k * (t + final))
 
 
+def test_the_plan_counts_the_final_estimate_and_the_compile_releases_it(tmp_path) -> None:
+    dpes = optimizer(tmp_path, lm=mood_lm(MoodEngine()), generations=2, population=3,
+                     final_estimate={"epsilon_share": 0.2})
+    plan = dpes.plan(Classifier(), records(), show=False)
+    q, n, k, t = RUN["sampling_rate"], RUN["dataset_size"], 3, 2
+    assert plan.private_calls == pytest.approx(q * n * k * t + min(1.0, k * q) * n)
+    dpes.compile(Classifier(), trainset=records())
+    assert charges(dpes.outcome.run_dir)[-1]["label"].startswith("final estimate")
+    assert [c["event"] for c in charges(dpes.outcome.run_dir)] == planned_atoms(dpes.outcome.run_dir)
+    assert dpes.outcome.result.final_estimate is not None
+    assert dpes.outcome.result.epsilon == pytest.approx(plan.epsilon, rel=1e-6)
+
+
 def test_the_presets_scale_the_sampling_rate_with_the_trainset() -> None:
     light = DPES(bool_metric, auto="light")
     assert light.config.sampling_rate == 0.25  # a share of N: half the examples, half the calls

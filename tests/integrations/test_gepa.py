@@ -159,13 +159,7 @@ def test_render_instance_is_adapter_neutral() -> None:
 def planned_atoms(run_dir: Path) -> list[dict]:
     config = DPESConfig(**json.loads((run_dir / "config.json").read_text(encoding="utf-8"))["config"])
     plan = RunPlan.with_value(config, json.loads((run_dir / "checkpoint.json").read_text())["plan_value"])
-    atoms = [
-        event
-        for t in range(config.generations)
-        for event in plan.generation_mechanisms(t, config.population).events(config.sampling_rate)
-    ]
-    final = plan.final()
-    return [event_to_dict(event) for event in atoms + ([final.event(config.sampling_rate)] if final else [])]
+    return [event_to_dict(event) for event in plan.charges()]
 
 
 @pytest.mark.parametrize(

@@ -326,7 +326,7 @@ class DPES(Teleprompter):
         expect, ``plan(..., dataset_size=N)``. ``show``: print it."""
         import time
 
-        from dp_textgrad.dp_es.plan import RunPlan, resolve_sampling_rate
+        from dp_textgrad.dp_es.plan import RunPlan, final_evaluations, resolve_sampling_rate
         from dp_textgrad.privacy.accounting.bounds import default_accountants
 
         prepared = self._prepared(student, trainset, None)
@@ -362,7 +362,7 @@ class DPES(Teleprompter):
             noise = None
         else:
             run_plan = RunPlan.calibrated(config)
-            final = q * size * k if run_plan.final() is not None else 0.0
+            final = final_evaluations(run_plan)
             epsilons = run_plan.epsilons(config.resolved_delta, default_accountants())
             noise = run_plan.value
         plan = CompilePlan(
