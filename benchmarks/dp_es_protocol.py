@@ -32,8 +32,6 @@ the same protocol against any OpenAI-compatible endpoint (the local 270M model s
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 import time
 import warnings
@@ -311,11 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         "accounting_of_the_paper_mechanism": accounting(),
         "tasks": summarise(rows),
         "runs": [run_records.prompt_fingerprint(r) for r in rows],
-        "command": run_records.command_line("benchmarks/dp_es_protocol.py", sys.argv[1:] if argv is None else argv),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2) + "\n")
+    command = sys.argv[1:] if argv is None else argv
+    run_records.write_results(args.output, document, "benchmarks/dp_es_protocol.py", command)
     for name, values in document["tasks"].items():
         print(name, {m: round(v["score"], 3) for m, v in values["methods"].items()})
     return 0

@@ -8,6 +8,7 @@ version of a script is read the same way by the next.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Callable, Hashable, Iterable
@@ -91,3 +92,15 @@ def command_line(script: str, argv: list[str]) -> str:
         elif not arg.startswith("--data-dir="):
             kept.append(arg)
     return " ".join([f"python {script}", *kept])
+
+
+def write_results(output: Path, document: dict[str, Any], script: str, argv: list[str]) -> None:
+    """A benchmark's results file: ``document`` with the command that made it (no machine paths) and
+    the date, written as indented JSON."""
+    document = {
+        **document,
+        "command": command_line(script, argv),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(document, indent=2) + "\n")

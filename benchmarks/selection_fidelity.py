@@ -35,7 +35,6 @@ the expected regret (true best mean minus the true mean of the noisy top-1).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import sys
@@ -304,11 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "tasks": results,
         "clean_scoring_seconds": timings,
-        "command": run_records.command_line("benchmarks/selection_fidelity.py", sys.argv[1:] if argv is None else argv),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2) + "\n")
+    command = sys.argv[1:] if argv is None else argv
+    run_records.write_results(args.output, document, "benchmarks/selection_fidelity.py", command)
     print(f"wrote {args.output}")
     return 0
 

@@ -29,7 +29,6 @@ would add more candidates to the archive, and a larger best-of makes the curse l
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import math
 import sys
@@ -124,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
     if not args.cache.is_file():
-        raise SystemExit(f"--cache: {args.cache} not found; run benchmarks/selection_fidelity.py first (it scores them)")
+        raise SystemExit(
+            f"--cache: {args.cache} not found; run benchmarks/selection_fidelity.py first (it scores them)"
+        )
     cache = json.loads(args.cache.read_text())
     results: dict[str, Any] = {}
     for epsilon in args.epsilons:
@@ -151,11 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         "protocol": {"N": N, "delta": DELTA, "generations": 3, "population": 6, "parents": 2, "share": SHARE},
         "draws": args.draws,
         "epsilons": results,
-        "command": run_records.command_line("benchmarks/winners_curse.py", sys.argv[1:] if argv is None else argv),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(document, indent=2) + "\n")
+    run_records.write_results(
+        args.output, document, "benchmarks/winners_curse.py", sys.argv[1:] if argv is None else argv
+    )
     print(f"wrote {args.output}")
     return 0
 

@@ -65,6 +65,13 @@ def config_with(config: DPESConfig | None, settings: Mapping[str, Any]) -> DPESC
         raise ConfigError(format_validation_error(exc)) from None
 
 
+def share_below_half(value: float, name: str, why: str) -> float:
+    """A share of epsilon spent beside the search: in (0, 0.5), the search keeping most of the budget."""
+    if not math.isfinite(value) or not 0 < value < 0.5:
+        raise ValueError(f"{name} must be in (0, 0.5), got {value}; {why}")
+    return value
+
+
 class LabellingConfig(BaseModel):
     """The labelling phase (``dp.labelling``): DP labels for a task's public unlabelled inputs by a
     noisy vote of teachers, each teacher the task's prompt with a few records of its own disjoint
@@ -310,12 +317,9 @@ class FinalEstimateConfig(BaseModel):
     @field_validator("epsilon_share")
     @classmethod
     def _share_below_half(cls, value: float) -> float:
-        if not math.isfinite(value) or not 0 < value < 0.5:
-            raise ValueError(
-                f"epsilon_share must be in (0, 0.5), got {value}; the estimate is a check on the search, "
-                "which needs most of the budget"
-            )
-        return value
+        return share_below_half(
+            value, "epsilon_share", "the estimate is a check on the search, which needs most of the budget"
+        )
 
     @field_validator("sampling_rate")
     @classmethod
@@ -465,12 +469,11 @@ class DPESConfig(BaseModel):
     @field_validator("size_epsilon_share")
     @classmethod
     def _share_below_half(cls, value: float) -> float:
-        if not math.isfinite(value) or not 0 < value < 0.5:
-            raise ValueError(
-                f"size_epsilon_share must be in (0, 0.5), got {value}; the search needs most of the "
-                "budget (or declare dataset_size and spend nothing on N)"
-            )
-        return value
+        return share_below_half(
+            value,
+            "size_epsilon_share",
+            "the search needs most of the budget (or declare dataset_size and spend nothing on N)",
+        )
 
     @field_validator("max_error_share")
     @classmethod

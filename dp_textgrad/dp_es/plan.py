@@ -218,13 +218,7 @@ class RunPlan:
             else:
                 runs.append([event, 1])
         events = [event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count) for event, count in runs]
-        final = self.final()
-        if final is not None:
-            events.append(final.event(q))
-        estimate, rate = self.final_estimate(), self.config.final_estimate_rate
-        if estimate is not None and rate is not None:
-            events.append(estimate.event(rate))
-        return dp_accounting.ComposedDpEvent(events)
+        return dp_accounting.ComposedDpEvent(events + self._after_search())
 
     def charges(self) -> list[dp_accounting.DpEvent]:
         """The search's events one per ledger entry, in the order a run charges them: each generation's
@@ -234,9 +228,14 @@ class RunPlan:
             return []
         q = self.config.resolved_sampling_rate
         events = [event for t in range(self.config.generations) for event in self.generation_mechanisms(t).events(q)]
+        return events + self._after_search()
+
+    def _after_search(self) -> list[dp_accounting.DpEvent]:
+        """The charges after the last generation, in order: the final selection, the final estimate."""
+        events = []
         final = self.final()
         if final is not None:
-            events.append(final.event(q))
+            events.append(final.event(self.config.resolved_sampling_rate))
         estimate, rate = self.final_estimate(), self.config.final_estimate_rate
         if estimate is not None and rate is not None:
             events.append(estimate.event(rate))

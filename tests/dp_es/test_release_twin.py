@@ -59,7 +59,9 @@ def test_the_final_estimate_is_charged_last_and_released(twins) -> None:
     for capture in twins:
         labels = [json.loads(line)["label"] for line in capture.released["ledger.jsonl"].splitlines()[1:]]
         fresh = json.loads(capture.released["result.json"]).get("final_estimate")
-        planned = json.loads(capture.released["config.json"])["config"].get("final_estimate") is not None
+        config = json.loads(capture.released["config.json"])["config"]
+        planned = config.get("final_estimate") is not None
+        assert planned is (config["selection"] == "gaussian")  # as SCHEDULES asks: never silently dropped
         assert labels[-1].startswith("final estimate") is planned
         assert (fresh is not None) is planned
         if planned:  # the released prompt, re-scored: a DP output within the metric's range
