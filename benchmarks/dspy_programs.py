@@ -10,16 +10,24 @@ Programs (``--programs``):
   predictor has demonstrations; the private ones carry only the message and the category;
 - ``rag``: ``dspy.retrievers.Embeddings`` over ``help_centre_articles()`` (an in-process hashed
   word embedder, declared public) then ``Predict("context, message -> category")``;
-- ``single``: ``Predict("message -> category")`` (the program of ``dspy_utility.py``).
+- ``single``: ``Predict("message -> category")`` (the program of ``dspy_utility.py``);
+- ``cot``: ``ChainOfThought("message -> category")``: a reasoning, then the category, so each call
+  writes many tokens (run it with ``--max-tokens 32`` or more).
 
 Methods, all on the same test records: ``seed`` (as written), ``fewshot_public``
 (``LabeledFewShot(k)`` on the public examples), ``bootstrap_private`` (``BootstrapFewShot`` on the
 PRIVATE trainset, what a DSPy user does today; the private records it copies into the saved
-program are counted), ``dpes_nonprivate`` (DPES, ``privacy="off"``), ``dpes_eps<E>``. Each DPES
+program are counted), ``mipro_private`` (``MIPROv2``, only when named in ``--methods``: it needs
+``pip install optuna``; its instruction proposer writes ``--proposer-tokens`` tokens; a failure
+is recorded as the row's outcome), ``dpes_nonprivate`` (DPES, ``privacy="off"``), ``dpes_eps<E>``. Each DPES
 compile is timed and its plan (``DPES.plan``) is recorded beside it: planned against spent
-private program calls. ``--speed``: for the first seed, one more compile at the first epsilon
-with ``EngineLM(reuse_prefix=False)`` (today's path before the cached prefix) and one with the
-pre-issue-49 schedule (q = min(1, 150 / N)), timed side by side in this run.
+private program calls. ``--speed [VARIANT ...]``: for the first seed (every seed with
+``--speed-seeds all``), more compiles at the first epsilon, timed side by side in this run:
+``unbatched`` (``DPES(batch_candidates=False)``: each record under one candidate at a time, the
+path before batched generation), ``no_prefix_cache`` (``EngineLM(reuse_prefix=False)``: neither
+the cached prefix nor batching) and ``old_schedule`` (that, with the pre-issue-49 schedule,
+q = min(1, 150 / N)); ``--speed`` alone runs all three. Odd seeds run the variants first (ABBA).
+``--methods``: run only these rows (e.g. ``dpes_eps4``; the speed variants are added to them).
 
 Run::
 
@@ -53,6 +61,19 @@ TOPICS = {
     "cancel": "ending a contract or a service",
     "fraud": "a theft or an unknown transaction",
 }
+
+
+#: The slower paths ``--speed`` times beside the default, oldest last.
+SPEED_VARIANTS = ("unbatched", "no_prefix_cache", "old_schedule")
+
+
+def speed_variant(name: str, epsilon: float) -> tuple[dict, dict]:
+    """(DPES settings, EngineLM settings) of a ``--speed`` variant at ``epsilon``."""
+    return {
+        "unbatched": (dict(epsilon=epsilon, batch_candidates=False), {}),
+        "no_prefix_cache": (dict(epsilon=epsilon), {"reuse_prefix": False}),
+        "old_schedule": (dict(epsilon=epsilon, sampling_rate=None), {"reuse_prefix": False}),
+    }[name]
 
 
 def build_programs(dspy):
@@ -91,8 +112,17 @@ def build_programs(dspy):
         def forward(self, message: str):
             return self.classify(message=message)
 
+    class Reasoned(dspy.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.classify = dspy.ChainOfThought("message -> category")
+
+        def forward(self, message: str):
+            return self.classify(message=message)
+
     return {
         "two_step": (TwoStep, {}),
+        "cot": (Reasoned, {}),
         "rag": (HelpCentreRAG, {"public_retrievers": ["retrieve"]}),
         "single": (Single, {}),
     }
@@ -103,6 +133,7 @@ LABELS = {
     "fewshot_public": "LabeledFewShot(k=4) on public examples",
     "bootstrap_private": "BootstrapFewShot on the private trainset (stock DSPy)",
     "dpes_nonprivate": "DPES, privacy off",
+    "mipro_private": "MIPROv2 (auto light) on the private trainset (stock DSPy)",
 }
 
 
@@ -111,6 +142,37 @@ def summarise(matrices: dict[str, np.ndarray]) -> dict:
     stock optimizer on the private trainset (``vs_baseline``)."""
     stock = {name: "bootstrap_private" for name in matrices if name.startswith("dpes_")}
     return paired_bootstrap(matrices, reference="seed", ceiling="dpes_nonprivate", baselines=stock)
+
+
+def speed_summary(rows: list[dict]) -> dict:
+    """Each ``--speed`` variant against the default compile of the same program, seed and epsilon:
+    compile seconds and accuracy side by side, the per-seed time ratio and its geometric mean."""
+    found: dict[str, dict] = {}
+    defaults = {(r["program"], r["seed"], r["method"]): r for r in rows}
+    for r in rows:
+        for variant in SPEED_VARIANTS:
+            if not r["method"].endswith(f"_{variant}"):
+                continue
+            base = defaults.get((r["program"], r["seed"], r["method"].removesuffix(f"_{variant}")))
+            if base is None:
+                continue
+            entry = found.setdefault(f"{r['program']} {variant}", {"pairs": []})
+            entry["pairs"].append(
+                {
+                    "seed": r["seed"],
+                    "default_seconds": base["compile_seconds"],
+                    "variant_seconds": r["compile_seconds"],
+                    "ratio": r["compile_seconds"] / base["compile_seconds"],
+                    "default_accuracy": base["accuracy"],
+                    "variant_accuracy": r["accuracy"],
+                }
+            )
+    for entry in found.values():
+        ratios = np.array([p["ratio"] for p in entry["pairs"]])
+        entry["geometric_mean_ratio"] = float(np.exp(np.log(ratios).mean()))
+        entry["default_accuracy"] = float(np.mean([p["default_accuracy"] for p in entry["pairs"]]))
+        entry["variant_accuracy"] = float(np.mean([p["variant_accuracy"] for p in entry["pairs"]]))
+    return found
 
 
 def table(result: dict) -> str:
@@ -126,7 +188,7 @@ def table(result: dict) -> str:
         runs = [r for r in result["runs"] if r["program"] == program]
         found: dict[str, list[np.ndarray]] = {}
         for r in runs:
-            if not r["method"].endswith(("_no_prefix_cache", "_old_schedule")):
+            if "failed" not in r and not r["method"].endswith(tuple(f"_{v}" for v in SPEED_VARIANTS)):
                 found.setdefault(r["method"], []).append(decode_outcomes(r["outcomes"]))
         summary = summarise({name: np.vstack(rows) for name, rows in found.items()})
         seeds = sorted({r["seed"] for r in runs})
@@ -147,6 +209,11 @@ def table(result: dict) -> str:
                 f"{max(r['private_records_in_program'] for r in mine)} | "
                 f"{(sum(minutes) / len(minutes)) if minutes else 0:.1f} |"
             )
+        for r in runs:
+            if "failed" in r:
+                lines.append(
+                    f"\nSeed {r['seed']}, {r['method']}: failed after {r['compile_seconds']:.0f} s ({r['failed']})"
+                )
         timed = [r for r in runs if r["method"].startswith("dpes_")]
         lines += [
             "",
@@ -158,6 +225,21 @@ def table(result: dict) -> str:
             lines.append(
                 f"| {r['seed']} {r['method']} | {r['accuracy']:.3f} | {r['compile_seconds']:.0f} | "
                 f"{r['planned_private_calls']:.0f} | {r['planned_seconds']:.0f} | {r['engine_calls']} |"
+            )
+        lines.append("")
+    if result.get("speed"):
+        lines += [
+            "| program, slower path | seeds | compile s, default (each seed) | compile s, slower path | "
+            "slower / default (geometric mean) | accuracy, default | accuracy, slower path |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, entry in result["speed"].items():
+            pairs = entry["pairs"]
+            default = ", ".join(f"{p['default_seconds']:.0f}" for p in pairs)
+            slower = ", ".join(f"{p['variant_seconds']:.0f}" for p in pairs)
+            lines.append(
+                f"| {name} | {len(pairs)} | {default} | {slower} | {entry['geometric_mean_ratio']:.2f}x | "
+                f"{entry['default_accuracy']:.3f} | {entry['variant_accuracy']:.3f} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -175,10 +257,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--auto", default="light", help="DPES's schedule preset")
     parser.add_argument("--max-tokens", type=int, default=6, help="tokens a program call may write")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: free CPUs)")
-    parser.add_argument("--speed", action="store_true", help="time the cached prefix and the old schedule too")
+    parser.add_argument(
+        "--speed",
+        nargs="*",
+        choices=SPEED_VARIANTS,
+        default=None,
+        help="time these slower paths beside the default (none named: all of them)",
+    )
+    parser.add_argument("--speed-seeds", choices=["first", "all"], default="first")
+    parser.add_argument(
+        "--proposer-tokens", type=int, default=96, help="tokens MIPROv2's instruction proposer may write"
+    )
+    parser.add_argument("--methods", nargs="+", default=None, help="run only these rows (default: all)")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, nargs="+", default=None, help="print the tables of saved results")
     args = parser.parse_args(argv)
+    if args.speed is not None and not args.speed:
+        args.speed = list(SPEED_VARIANTS)
     if args.table:
         for path in args.table:
             print(table(json.loads(path.read_text(encoding="utf-8"))))
@@ -237,30 +332,63 @@ def main(argv: list[str] | None = None) -> dict:
         outcomes: dict[str, list[np.ndarray]] = {}
         for seed in args.seeds:
             student = make()
-            methods: dict[str, dict] = {"seed": {"program": student}}
-            methods["fewshot_public"] = {
-                "program": dspy.LabeledFewShot(k=args.k).compile(student, trainset=public_examples)
-            }
-            t0 = time.perf_counter()
-            boot = dspy.BootstrapFewShot(
-                metric=metric, max_bootstrapped_demos=args.k, max_labeled_demos=0, max_errors=len(private)
-            )
-            methods["bootstrap_private"] = {
-                "program": boot.compile(student, trainset=private),
-                "compile_seconds": time.perf_counter() - t0,
-            }
+
+            def wanted(name: str) -> bool:
+                return args.methods is None or name in args.methods
+
+            methods: dict[str, dict] = {"seed": {"program": student}} if wanted("seed") else {}
+            if wanted("fewshot_public"):
+                methods["fewshot_public"] = {
+                    "program": dspy.LabeledFewShot(k=args.k).compile(student, trainset=public_examples)
+                }
+            if wanted("bootstrap_private"):
+                t0 = time.perf_counter()
+                boot = dspy.BootstrapFewShot(
+                    metric=metric, max_bootstrapped_demos=args.k, max_labeled_demos=0, max_errors=len(private)
+                )
+                methods["bootstrap_private"] = {
+                    "program": boot.compile(student, trainset=private),
+                    "compile_seconds": time.perf_counter() - t0,
+                }
+            if args.methods and "mipro_private" in args.methods:  # only when named: needs optuna, runs long
+                try:
+                    import optuna  # noqa: F401
+                except ImportError:
+                    raise SystemExit("mipro_private: MIPROv2 needs optuna; pip install optuna") from None
+                t0 = time.perf_counter()
+                mipro = dspy.MIPROv2(
+                    metric=metric,
+                    prompt_model=EngineLM(engine, max_tokens=args.proposer_tokens),
+                    auto=args.auto,
+                    max_bootstrapped_demos=args.k,
+                    max_labeled_demos=args.k,
+                    num_threads=1,
+                    seed=seed,
+                    verbose=False,
+                )
+                try:
+                    program = mipro.compile(student, trainset=private, requires_permission_to_run=False)
+                    methods["mipro_private"] = {"program": program, "compile_seconds": time.perf_counter() - t0}
+                except Exception as exc:  # noqa: BLE001 - recorded as the row's outcome, not hidden
+                    failure = f"{type(exc).__name__}: {exc}"[:500]
+                    print(f"{program_name} seed {seed} mipro_private failed: {failure}", flush=True)
+                    rows.append(
+                        {
+                            "program": program_name,
+                            "seed": seed,
+                            "method": "mipro_private",
+                            "failed": failure,
+                            "compile_seconds": time.perf_counter() - t0,
+                        }
+                    )
             dpes_runs = [("dpes_nonprivate", dict(privacy="off", epsilon=4.0), {})]
             dpes_runs += [(f"dpes_eps{eps:g}", dict(epsilon=eps), {}) for eps in args.epsilons]
-            if args.speed and seed == args.seeds[0]:
+            dpes_runs = [run for run in dpes_runs if wanted(run[0])]
+            if args.speed and (args.speed_seeds == "all" or seed == args.seeds[0]):
                 first = args.epsilons[0]
-                dpes_runs += [
-                    (f"dpes_eps{first:g}_no_prefix_cache", dict(epsilon=first), {"reuse_prefix": False}),
-                    (
-                        f"dpes_eps{first:g}_old_schedule",
-                        dict(epsilon=first, sampling_rate=None),
-                        {"reuse_prefix": False},
-                    ),
-                ]
+                variants = [(f"dpes_eps{first:g}_{v}", *speed_variant(v, first)) for v in args.speed]
+                odd = args.seeds.index(seed) % 2 == 1
+                dpes_runs = [*variants, *dpes_runs] if odd else [*dpes_runs, *variants]
             for name, dp_settings, lm_settings in dpes_runs:
                 run_lm = EngineLM(engine, max_tokens=args.max_tokens, **lm_settings) if lm_settings else lm
                 optimizer = DPES(
@@ -290,7 +418,7 @@ def main(argv: list[str] | None = None) -> dict:
                 }
             for name, info in methods.items():
                 correct = np.array([score(info["program"], ex) for ex in test])
-                if not name.endswith(("_no_prefix_cache", "_old_schedule")):
+                if not name.endswith(tuple(f"_{v}" for v in SPEED_VARIANTS)):
                     outcomes.setdefault(name, []).append(correct)
                 row = {
                     "program": program_name,
@@ -308,15 +436,17 @@ def main(argv: list[str] | None = None) -> dict:
                     flush=True,
                 )
         matrices = {name: np.vstack(found) for name, found in outcomes.items()}
-        summaries[program_name] = summarise(matrices)
-        for name, row in summaries[program_name].items():
-            print(program_name, name, json.dumps(row, default=float), flush=True)
+        if {"seed", "dpes_nonprivate"} <= set(matrices):  # the paired intervals need both rows
+            summaries[program_name] = summarise(matrices)
+            for name, row in summaries[program_name].items():
+                print(program_name, name, json.dumps(row, default=float), flush=True)
     result = {
         "command": "python benchmarks/dspy_programs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "settings": vars(args) | {"output": str(args.output) if args.output else None},
         "model": f"Gemma 3 270M Q4_K_M (bundled), EngineLM(max_tokens={args.max_tokens}) + CompletionAdapter",
         "seconds": time.perf_counter() - started,
         "summary": summaries,
+        "speed": speed_summary(rows),
         "runs": rows,
     }
     shutil.rmtree(work, ignore_errors=True)

@@ -23,13 +23,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
 from dp_textgrad.tasks.base import ERROR_CATEGORY, ERROR_DESCRIPTION, Example, FeedbackSpec
 from dp_textgrad.tasks.components import PromptComponent, join_components, split_components
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
@@ -101,6 +103,9 @@ class ScoredTask:
     sampling), so an interrupted charge can be replayed on a resume instead of charged again.
     ``components``: the parts of a multi-part prompt (:mod:`dp_textgrad.tasks.components`); the
     prompts ``score_record`` gets, ``seed_prompt`` included, are then their joined text.
+    ``score_record_many(prompts, record)``: optional, ONE record under several prompts at once
+    (a result or the exception raised per prompt, in order), for a pipeline that batches the
+    prompts' work on one record; DP-ES then scores record by record, never two records together.
     """
 
     name: str
@@ -123,12 +128,15 @@ class ScoredTask:
     # public inputs they answer), and how the released answers join this task's demonstrations.
     answering: Any = None
     with_answers: Callable[[ScoredTask, Sequence[Any]], ScoredTask] | None = None
+    score_record_many: Callable[[Sequence[str], Any], Sequence[RecordScore | BaseException]] | None = None
 
     kind = "generate"
 
     def __post_init__(self) -> None:
         if not callable(self.score_record):
             raise TypeError("score_record: must be a callable (prompt, record) -> score in [0, 1]")
+        if self.score_record_many is not None and not callable(self.score_record_many):
+            raise TypeError("score_record_many: must be a callable (prompts, record) -> one score per prompt")
         if not (self.clip_bound > 0 and math.isfinite(self.clip_bound)):
             raise ValueError("clip_bound: must be > 0")
         if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
@@ -199,31 +207,70 @@ class ScoredTask:
         return example.text
 
     # -- scoring ----------------------------------------------------------------------
-    def _outcomes(self, prompt: str, records: Sequence[Any]) -> ScoredOutcomes:
+    def _result(self, found: RecordScore | BaseException) -> tuple[float, int, str | None]:
+        """A record's (score, category, failure text or None) from what its pipeline gave."""
         names = list(self.categories)
-        error = names.index(ERROR_CATEGORY) if ERROR_CATEGORY in names else len(names) - 1
+        if isinstance(found, BaseException):  # a failure on a record is data: 0, category error
+            if not isinstance(found, Exception):
+                raise found  # KeyboardInterrupt, SystemExit: not the record's doing
+            error = names.index(ERROR_CATEGORY) if ERROR_CATEGORY in names else len(names) - 1
+            return 0.0, error, f"{type(found).__name__}: {found}"
+        return (*category_of(found, names), None)
 
-        def one(record: Any) -> tuple[float, int, str | None]:
-            try:
-                return (*category_of(self.score_record(prompt, record), names), None)
-            except Exception as exc:  # noqa: BLE001 - a failure on a record is data: 0, category error
-                return 0.0, error, f"{type(exc).__name__}: {exc}"
-
+    def _per_record(self, records: Sequence[Any], one: Callable[[Any], T]) -> list[T]:
+        """``one(record)`` for each record, ``threads`` records at once."""
         if self.threads > 1 and len(records) > 1:
             with ThreadPoolExecutor(max_workers=min(self.threads, len(records))) as pool:
-                results = list(pool.map(one, records))
-        else:
-            results = [one(r) for r in records]
+                return list(pool.map(one, records))
+        return [one(r) for r in records]
+
+    def _outcomes(self, prompt: str, records: Sequence[Any]) -> ScoredOutcomes:
+        def one(record: Any) -> tuple[float, int, str | None]:
+            try:
+                found: RecordScore | BaseException = self.score_record(prompt, record)
+            except Exception as exc:  # noqa: BLE001 - a failure on a record is data (_result)
+                found = exc
+            return self._result(found)
+
+        return self._stacked(self._per_record(records, one))
+
+    def _outcomes_many(self, prompts: Sequence[str], records: Sequence[Any]) -> list[ScoredOutcomes]:
+        many = self.score_record_many
+        assert many is not None
+
+        def one(record: Any) -> list[tuple[float, int, str | None]]:
+            try:
+                found = list(many(prompts, record))
+                if len(found) != len(prompts):
+                    raise RuntimeError("score_record_many: returned the wrong number of scores")
+            except Exception as exc:  # noqa: BLE001 - the record failed under every prompt
+                found = [exc] * len(prompts)
+            return [self._result(result) for result in found]
+
+        per_record = self._per_record(records, one)
+        return [self._stacked([row[k] for row in per_record]) for k in range(len(prompts))]
+
+    def _stacked(self, results: Sequence[tuple[float, int, str | None]]) -> ScoredOutcomes:
         scores = np.array([s for s, _, _ in results], dtype=float) * self.clip_bound
         categories = np.array([c for _, c, _ in results], dtype=int)
         failed = np.array([d is not None for _, _, d in results], dtype=bool)
         detail = next((d for _, _, d in results if d is not None), None)
-        n = len(records)
+        n = len(results)
         return ScoredOutcomes(scores.reshape(n), categories.reshape(n), failed.reshape(n), detail)
 
     def private_outcomes(self, engine: Engine, prompt: str, batch: PrivateBatch[Any]) -> ScoredOutcomes:
         """Outcomes on private records. Call only from a DP mechanism."""
         return self._outcomes(prompt, [rec.unwrap() for rec in batch])
+
+    def private_outcomes_many(
+        self, engine: Engine, prompts: Sequence[str], batch: PrivateBatch[Any]
+    ) -> list[ScoredOutcomes]:
+        """Outcomes of every prompt on private records, one per prompt: record by record under all
+        the prompts at once where the task has ``score_record_many`` (one record per call, so one
+        record changes only its own scores), else prompt by prompt. Call only from a DP mechanism."""
+        if self.score_record_many is None or len(prompts) < 2:
+            return [self.private_outcomes(engine, prompt, batch) for prompt in prompts]
+        return self._outcomes_many(list(prompts), [rec.unwrap() for rec in batch])
 
     def public_outcomes(self, prompt: str, examples: Sequence[Any]) -> ScoredOutcomes:
         """Outcomes on public or test records; a pipeline that raises on one stops with its error

@@ -590,6 +590,44 @@ class DSPyTwin:
 
     capture: Any
     slow_calls: int
+    batched_calls: int = 0  # engine calls that generated one record under several candidates
+
+
+def batched_keyword_engine() -> Any:
+    """:class:`KeywordEngine`'s answers as a dp-textgrad engine that decodes several candidates
+    together (``batches_prefixes``, as llama.cpp's does), for ``EngineLM`` and ``CompletionAdapter``:
+    DPES then scores one record under every candidate at once (the batched path of issue 49)."""
+    from dp_textgrad.engines.scripted import ScriptedEngine
+
+    class BatchedKeywordEngine(ScriptedEngine):
+        batches_prefixes = True
+        instruction_following = False
+
+        def __init__(self) -> None:
+            super().__init__(responses=lambda prompt, system: self.answer(prompt))
+            self.slow_calls = 0
+            self.batched_calls = 0
+            self.counter = threading.Lock()
+
+        def answer(self, prompt: str) -> str:
+            lines = re.findall(r"^sentence: (.*)$", prompt, flags=re.M)
+            if not lines:
+                return INSTRUCTION_REPLY
+            sentence = lines[-1]
+            if SLOW_MARKER in sentence:
+                with self.counter:
+                    self.slow_calls += 1
+                time.sleep(KeywordEngine.seconds_per_word * len(sentence.split()))
+                return "none"
+            hits = [label for word, label in KEYWORDS.items() if word in sentence]
+            return hits[0] if hits else (sentence.split() or ["none"])[0]
+
+        def generate_for_prefixes(self, prefixes, suffix, **kwargs):  # type: ignore[no-untyped-def]
+            with self.counter:
+                self.batched_calls += 1
+            return super().generate_for_prefixes(prefixes, suffix, **kwargs)
+
+    return BatchedKeywordEngine()
 
 
 class TwoPredictors(dspy.Module):
@@ -639,6 +677,7 @@ def run_dspy_twin(
     coupled_extra_records: int = 0,
     leak: Any = None,
     program: str = "classifier",
+    batched: bool = False,
 ) -> DSPyTwin:
     """``DPES.compile`` of the classifier on ``trainset`` into ``root/runs``. Released channels: every
     file of the runs root outside ``operator/`` (tests.twin.collect), stdout, stderr, the exit code,
@@ -652,8 +691,15 @@ def run_dspy_twin(
     settings = dict(TWIN_SCHEDULES[schedule])
     make_program, program_settings = TWIN_PROGRAMS[program]
     settings.update(program_settings)
-    engine = KeywordEngine()
-    lm = dspy.LM("keyword/fake", engine=engine, cache=False)
+    if batched:  # a completion engine that batches candidates, through EngineLM and CompletionAdapter
+        from dp_textgrad.integrations.dspy import CompletionAdapter, EngineLM
+
+        engine: Any = batched_keyword_engine()
+        lm = EngineLM(engine, max_tokens=8)
+        settings["adapter"] = CompletionAdapter()
+    else:
+        engine = KeywordEngine()
+        lm = dspy.LM("keyword/fake", engine=engine, cache=False)
     recorder = EventRecorder()
     out, err = io.StringIO(), io.StringIO()
     history_start = len(GLOBAL_HISTORY)
@@ -704,16 +750,22 @@ def run_dspy_twin(
     ).encode()
     capture.released["<program.json>"] = saved
     capture.released["<dp_guarantee>"] = guarantee
-    return DSPyTwin(capture, engine.slow_calls)
+    return DSPyTwin(capture, engine.slow_calls, getattr(engine, "batched_calls", 0))
 
 
 def dspy_twin_pair(
-    root: Path, schedule: str, leak: Any = None, program: str = "classifier"
+    root: Path, schedule: str, leak: Any = None, program: str = "classifier", batched: bool = False
 ) -> tuple[DSPyTwin, DSPyTwin]:
     records = private_records(24)
-    d = run_dspy_twin(root / "d", records, schedule, leak=leak, program=program)
+    d = run_dspy_twin(root / "d", records, schedule, leak=leak, program=program, batched=batched)
     dx = run_dspy_twin(
-        root / "dx", records + [twin_long_record()], schedule, coupled_extra_records=1, leak=leak, program=program
+        root / "dx",
+        records + [twin_long_record()],
+        schedule,
+        coupled_extra_records=1,
+        leak=leak,
+        program=program,
+        batched=batched,
     )
     return d, dx
 
@@ -754,6 +806,52 @@ def test_the_twin_of_a_multi_predictor_and_a_retrieval_program_differs_in_no_rel
     assert d.slow_calls == 0 and dx.slow_calls > 0  # power: the long record ran through the program
     diff = differences(d.capture, dx.capture)
     assert not diff, f"released channels differ between D and D+x: {diff}"
+
+
+def _leak_batched_count_into_reports(patch: pytest.MonkeyPatch) -> None:
+    """The number of private records scored on the batched path so far, put into each generation's
+    report as its public usage."""
+    import dataclasses
+
+    from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
+    from dp_textgrad.tasks.scored import ScoredTask
+
+    scored = [0]
+    many = ScoredTask._outcomes_many
+
+    def counting(self, prompts, records):  # type: ignore[no-untyped-def]
+        scored[0] += len(records)
+        return many(self, prompts, records)
+
+    patch.setattr(ScoredTask, "_outcomes_many", counting)
+    report = DPEvolutionStrategy._report
+    patch.setattr(
+        DPEvolutionStrategy,
+        "_report",
+        lambda self, t, best, public, *rest: dataclasses.replace(
+            report(self, t, best, public, *rest), public_completion_tokens=scored[0]
+        ),
+    )
+
+
+@pytest.mark.parametrize("program", ["classifier", "two predictors"])
+def test_the_twin_on_the_batched_path_differs_in_no_released_channel_and_a_planted_leak_shows(
+    program, tmp_path
+) -> None:
+    """One record under every candidate at once (EngineLM on an engine that batches candidates):
+    the twin's released channels are identical; counting the records scored on that path into the
+    reports makes them differ (the test's power on this path)."""
+    d, dx = dspy_twin_pair(tmp_path / "clean", "rule edits", program=program, batched=True)
+    for run in (d, dx):
+        assert run.capture.exit_code == 0, run.capture.stderr
+        assert run.batched_calls > 0  # the batched path ran
+    assert d.slow_calls == 0 and dx.slow_calls > 0  # power: the long record ran through the program
+    diff = differences(d.capture, dx.capture)
+    assert not diff, f"released channels differ between D and D+x: {diff}"
+    leaky_d, leaky_dx = dspy_twin_pair(
+        tmp_path / "leak", "rule edits", program=program, batched=True, leak=_leak_batched_count_into_reports
+    )
+    assert leaky_dx.slow_calls > 0 and differences(leaky_d.capture, leaky_dx.capture)
 
 
 def _count_private_records(patch: pytest.MonkeyPatch) -> list[int]:

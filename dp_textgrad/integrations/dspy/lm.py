@@ -15,6 +15,7 @@ import numpy as np
 
 from dp_textgrad.engines.base import Engine, TokenLogprobs, estimated_tokens
 from dp_textgrad.integrations.dspy._env import import_dspy
+from dp_textgrad.integrations.dspy.batching import PrefixRequest, current_rendezvous
 
 dspy = import_dspy()
 lm15 = import_dspy("dspy.lm15")
@@ -63,12 +64,13 @@ class _EngineCompletions:
         last = request.messages[-1].text or ""
         if not head or not last:
             return None
-        (output,) = after(
-            "\n\n".join(head) + "\n\n",
-            [f"{last}\n\n{RESPONSE_MARKER}"],
-            max_tokens=int(config.max_tokens or self.max_tokens),
-            stop=list(config.stop) if config.stop else None,
-        )
+        prefix, suffix = "\n\n".join(head) + "\n\n", f"{last}\n\n{RESPONSE_MARKER}"
+        max_tokens = int(config.max_tokens or self.max_tokens)
+        stop = tuple(config.stop) if config.stop else None
+        rendezvous = current_rendezvous()
+        if rendezvous is not None:  # one record under several candidates: sent with the others' requests
+            return rendezvous.generate(PrefixRequest(self.engine, prefix, suffix, max_tokens, stop))
+        (output,) = after(prefix, [suffix], max_tokens=max_tokens, stop=list(stop) if stop else None)
         return str(output)
 
     def complete(self, request: Any) -> Any:
@@ -124,6 +126,8 @@ class EngineLM(_LM):
     the instruction and demonstrations as one message and the call's inputs as the last) and
     greedy decoding, generate after the engine's cached prefix (``generate_after_prefix``: the
     prefix is decoded once and kept while records follow), the same text as one ``generate``.
+    Such calls made while DPES scores one private record under several candidates meet there
+    and go to the engine together (:mod:`.batching`: ``generate_for_prefixes`` on llama.cpp).
     """
 
     def __init__(
@@ -154,6 +158,18 @@ class EngineLM(_LM):
             engine=_EngineCompletions(engine, max_tokens, bool(following), bool(reuse_prefix)),
             **kwargs,
         )
+
+
+def batches_candidates(lm: Any) -> bool:
+    """Whether scoring one record under several candidates at once pays on ``lm``: an
+    :class:`EngineLM` that generates after cached prefixes, on an engine that decodes several
+    prefixes together (``batches_prefixes``)."""
+    completions = getattr(lm, "engine", None) if isinstance(lm, EngineLM) else None
+    return bool(
+        isinstance(completions, _EngineCompletions)
+        and completions.reuse_prefix
+        and getattr(completions.engine, "batches_prefixes", False)
+    )
 
 
 def _first_text(outputs: Any) -> str:
@@ -213,4 +229,4 @@ class DSPyLMEngine(Engine):
         raise NotImplementedError("DSPyLMEngine: a DSPy LM gives no log-probabilities")
 
 
-__all__ = ["DEFAULT_MAX_TOKENS", "DSPyLMEngine", "EngineLM", "request_text"]
+__all__ = ["DEFAULT_MAX_TOKENS", "DSPyLMEngine", "EngineLM", "batches_candidates", "request_text"]

@@ -150,7 +150,10 @@ class DPES(Teleprompter):
     default cap of new tokens: a base model fills it, so for a classifier pass
     ``lm=EngineLM(engine, max_tokens=5)``). ``adapter``: the DSPy adapter the program runs with (default
     ``dspy.settings.adapter``, else DSPy's ChatAdapter; :class:`CompletionAdapter` for a base
-    model). ``num_threads``: examples scored at once.
+    model). ``num_threads``: examples scored at once. ``batch_candidates``: run one private
+    example under all of a generation's candidates at once, so that the engine decodes their
+    calls together (:mod:`.batching`; default: where the program's LM is an :class:`EngineLM` on an
+    engine that batches prompts, as llama.cpp's does).
 
     ``run_dir`` / ``runs_root`` / ``observers``: as for :func:`dp_textgrad.optimize`. Each compile
     writes a run directory (its ``ledger.jsonl`` is the proof of the guarantee) under ``runs_root``,
@@ -184,6 +187,7 @@ class DPES(Teleprompter):
         adapter: Any = None,
         instruction_following: bool | None = None,
         num_threads: int = 1,
+        batch_candidates: bool | None = None,
         run_dir: str | Path | None = None,
         runs_root: str | Path | None = None,
         observers: Iterable[Any] = (),
@@ -234,6 +238,9 @@ class DPES(Teleprompter):
         self.adapter = adapter
         self.instruction_following = instruction_following
         self.num_threads = num_threads
+        if batch_candidates is not None and not isinstance(batch_candidates, bool):
+            raise ConfigError(f"batch_candidates: True, False or None (automatic), got {batch_candidates!r}")
+        self.batch_candidates = batch_candidates
         self.run_dir = run_dir
         self.runs_root = runs_root
         self.observers = tuple(observers)
@@ -296,6 +303,9 @@ class DPES(Teleprompter):
         return _Prepared(names, private, test, program_lm, adapter, mutation_engine)
 
     def _task(self, student: Any, prepared: _Prepared, silencer: SilencedPrivateCalls) -> Any:
+        from dp_textgrad.integrations.dspy.lm import batches_candidates
+
+        batch = self.batch_candidates if self.batch_candidates is not None else batches_candidates(prepared.lm)
         return program_as_task(
             student,
             self.metric,
@@ -309,6 +319,7 @@ class DPES(Teleprompter):
             silencer=silencer,
             public_inputs=self.public_inputs,
             answer_predictor=self.answer_predictor,
+            batch_candidates=batch,
         )
 
     def plan(
@@ -378,6 +389,7 @@ class DPES(Teleprompter):
             private_calls=calls + final,
             seconds_per_call=seconds,
             threads=self.num_threads,
+            batched=task.score_record_many is not None,
         )
         if show:
             print(plan)
@@ -471,10 +483,12 @@ class CompilePlan:
     private_calls: float
     seconds_per_call: float
     threads: int
+    batched: bool = False  # an example's calls under a generation's candidates go to the engine together
 
     @property
     def expected_seconds(self) -> float:
-        """The private calls' expected wall time at the timed public call's speed."""
+        """The private calls' expected wall time at the timed public call's speed (with ``batched``,
+        an upper bound: the engine decodes an example's calls under several candidates together)."""
         return self.private_calls * self.seconds_per_call / max(1, self.threads)
 
     def __str__(self) -> str:
@@ -494,7 +508,10 @@ class CompilePlan:
                 f"  {guarantee}",
                 f"  about {self.private_calls:.0f} program calls on private examples, "
                 f"{self.seconds_per_call:.2f} s a call on a public example: about {minutes:.1f} min "
-                f"on {self.threads} thread(s)",
+                f"on {self.threads} thread(s)"
+                + (
+                    " (less: an example's calls under the candidates go to the engine together)" if self.batched else ""
+                ),
             ]
         )
 

@@ -38,6 +38,7 @@ from dp_textgrad.dp_es.config import ConfigError
 from dp_textgrad.dp_es.mutation.text_edits import norm_block, parse_layout
 from dp_textgrad.dp_es.population import normalise_text
 from dp_textgrad.integrations.dspy._env import import_dspy
+from dp_textgrad.integrations.dspy.batching import run_under_prompts
 from dp_textgrad.integrations.dspy.retrieval import seal_retrieval, sealed_parts
 from dp_textgrad.privacy.data import PrivateDataset
 from dp_textgrad.tasks.components import PromptComponent, split_components
@@ -698,6 +699,7 @@ def program_as_task(
     silencer: SilencedPrivateCalls | None = None,
     public_inputs: Sequence[Any] = (),
     answer_predictor: str | None = None,
+    batch_candidates: bool = False,
 ) -> ScoredTask:
     """The ScoredTask of a DSPy program (module docstring): its private records are ``trainset``.
 
@@ -707,7 +709,9 @@ def program_as_task(
     predictor whose fields they hold (and the probe's input); ``valset`` is the test split
     (research evaluation only). ``public_inputs`` (public ``dspy.Example``s without outputs) and
     ``answer_predictor``: a labelling phase's teachers answer them for that predictor
-    (:func:`answering_task`); the answers then join the public demonstrations (``with_answers``)."""
+    (:func:`answering_task`); the answers then join the public demonstrations (``with_answers``).
+    ``batch_candidates``: score one record under all of a generation's candidates at once, the
+    runs' LM calls meeting so that the engine decodes them together (:mod:`.batching`)."""
     dspy = import_dspy()
     if predictor_names is None:
         predictor_names = [predictor_name] if predictor_name is not None else None
@@ -727,6 +731,10 @@ def program_as_task(
                 return metric_score(call_metric(example, prediction))
         except Exception:  # a metric failing on this output: the same category for every record
             return (0.0, "unparsed")
+
+    def score_record_many(prompts: Sequence[str], example: Any) -> list[RecordScore | BaseException]:
+        """ONE record under every prompt, each run in its own thread, their LM calls batched."""
+        return run_under_prompts(prompts, lambda prompt: score_record(prompt, example))
 
     first = components[0]
 
@@ -780,6 +788,7 @@ def program_as_task(
         components=tuple(components) if several else (),
         answering=answering,
         with_answers=with_answers,
+        score_record_many=score_record_many if batch_candidates else None,
     )
 
 
