@@ -141,7 +141,42 @@ def summarise(matrices: dict[str, np.ndarray]) -> dict:
     """Paired intervals: each method against the uncompiled program, DPES's rows also against the
     stock optimizer on the private trainset (``vs_baseline``)."""
     stock = {name: "bootstrap_private" for name in matrices if name.startswith("dpes_")}
-    return paired_bootstrap(matrices, reference="seed", ceiling="dpes_nonprivate", baselines=stock)
+    summary = paired_bootstrap(matrices, reference="seed", ceiling="dpes_nonprivate", baselines=stock)
+    if "mipro_private" in matrices:  # DPES's rows against MIPROv2 on the private trainset too
+        mipro = {name: "mipro_private" for name in matrices if name.startswith("dpes_")}
+        against = paired_bootstrap(matrices, reference="seed", ceiling="dpes_nonprivate", baselines=mipro)
+        for name in mipro:
+            summary[name]["vs_mipro"] = against[name]["vs_baseline"]
+            summary[name]["vs_mipro_ci"] = against[name]["vs_baseline_ci"]
+    return summary
+
+
+def merged(paths: list[Path], seeds: list[int] | None = None) -> dict:
+    """Saved results of several runs on the same split (other seeds or other rows) as one result:
+    the runs pooled (a later file's row replaces an earlier one of the same program, seed and
+    method; only ``seeds`` when given) and the paired intervals over every method that has all the
+    seeds (a failed run is listed, not scored)."""
+    runs: dict[tuple, dict] = {}
+    commands = []
+    for path in paths:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        commands.append(result["command"])
+        for row in result["runs"]:
+            if seeds is None or row["seed"] in seeds:
+                runs[(row["program"], row["seed"], row["method"])] = row
+    rows = list(runs.values())
+    summaries = {}
+    for program in sorted({r["program"] for r in rows}):
+        mine = [r for r in rows if r["program"] == program and "failed" not in r]
+        seeds = sorted({r["seed"] for r in mine})
+        found: dict[str, list[np.ndarray]] = {}
+        for seed in seeds:
+            for r in mine:
+                if r["seed"] == seed and not r["method"].endswith(tuple(f"_{v}" for v in SPEED_VARIANTS)):
+                    found.setdefault(r["method"], []).append(decode_outcomes(r["outcomes"]))
+        complete = {name: np.vstack(found[name]) for name in found if len(found[name]) == len(seeds)}
+        summaries[program] = summarise(complete)
+    return {"command": " && ".join(commands) + " (merged)", "summary": summaries, "runs": rows}
 
 
 def speed_summary(rows: list[dict]) -> dict:
@@ -195,17 +230,18 @@ def table(result: dict) -> str:
         lines += [
             f"**{program}** ({len(seeds)} seeds, {len(found['seed'][0])} test records)",
             "",
-            "| method | accuracy | vs uncompiled [95% CI] | vs BootstrapFewShot [95% CI] | private records in the "
-            "saved program (max over seeds) | compile, min (mean) |",
-            "|---|---|---|---|---|---|",
+            "| method | accuracy | vs uncompiled [95% CI] | vs BootstrapFewShot [95% CI] | vs MIPROv2 [95% CI] | "
+            "private records in the saved program (max over seeds) | compile, min (mean) |",
+            "|---|---|---|---|---|---|---|",
         ]
         for method, row in summary.items():
-            mine = [r for r in runs if r["method"] == method]
+            mine = [r for r in runs if r["method"] == method and "failed" not in r]
             minutes = [r["compile_seconds"] / 60 for r in mine if r.get("compile_seconds")]
             name = LABELS.get(method, method.replace("dpes_eps", "DPES, epsilon "))
             lines.append(
                 f"| {name} | {row['accuracy']:.3f} | {interval(row, 'vs_seed') if 'vs_seed' in row else '-'} | "
                 f"{interval(row, 'vs_baseline') if 'vs_baseline' in row else '-'} | "
+                f"{interval(row, 'vs_mipro') if 'vs_mipro' in row else '-'} | "
                 f"{max(r['private_records_in_program'] for r in mine)} | "
                 f"{(sum(minutes) / len(minutes)) if minutes else 0:.1f} |"
             )
@@ -271,9 +307,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--methods", nargs="+", default=None, help="run only these rows (default: all)")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, nargs="+", default=None, help="print the tables of saved results")
+    parser.add_argument(
+        "--merge", type=Path, nargs="+", default=None, help="pool saved results on one split (into --output)"
+    )
+    parser.add_argument("--merge-seeds", type=int, nargs="+", default=None, help="pool only these seeds")
     args = parser.parse_args(argv)
     if args.speed is not None and not args.speed:
         args.speed = list(SPEED_VARIANTS)
+    if args.merge:
+        result = merged(args.merge, args.merge_seeds)
+        print(table(result))
+        if args.output:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(result, indent=2, default=float) + "\n", encoding="utf-8")
+        return result
     if args.table:
         for path in args.table:
             print(table(json.loads(path.read_text(encoding="utf-8"))))
@@ -432,7 +479,8 @@ def main(argv: list[str] | None = None) -> dict:
                 rows.append(row)
                 print(
                     f"{program_name} seed {seed} {name:34s} accuracy {row['accuracy']:.3f}  private records "
-                    f"in program: {row['private_records_in_program']}  compile {info.get('compile_seconds') or 0:.0f} s",
+                    f"in program: {row['private_records_in_program']}  "
+                    f"compile {info.get('compile_seconds') or 0:.0f} s",
                     flush=True,
                 )
         matrices = {name: np.vstack(found) for name, found in outcomes.items()}
