@@ -20,7 +20,9 @@ sees a public labelled example. Rows, per seed and epsilon:
   answer, by the token vote (no public input used; the whole epsilon E), no search;
 * ``span_vote_demos``, ``span_vote_dp_es``: as ``dp_demos`` and ``dp_demos_dp_es`` with
   ``vote: span`` (extraction: each teacher writes its whole answer, and one GNMax per answer over
-  the input's spans releases it; one charged step per answer instead of one per token).
+  the input's spans releases it; one charged step per answer instead of one per token);
+* ``span_vote_nonprivate``: the seed prompt and the span vote's answers without noise and without a
+  charge (NOT private: the span vote's ceiling on this model; epsilon-free, one per seed).
 
 Retained gain (per seed, then averaged): (row - seed) / (public_dp_es - seed) at the same epsilon.
 Costs per DP answer (teacher calls, tokens, engine seconds) come from the engine's usage while the
@@ -57,10 +59,10 @@ import run_records  # noqa: E402 - after the path insert
 
 DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "dp_answers_utility"
 ROWS = ("seed", "teachers_nonprivate", "dp_es", "dp_demos", "dp_demos_dp_es", "public_dp_es", "dp_demos_dp_es_span",
-        "synthetic_demos", "span_vote_demos", "span_vote_dp_es")
+        "synthetic_demos", "span_vote_demos", "span_vote_dp_es", "span_vote_nonprivate")
 # Rows the default grid leaves out (asked for by --rows).
-EXTRA_ROWS = ("synthetic_demos", "dp_demos_dp_es_span", "span_vote_demos", "span_vote_dp_es")
-EPSILON_FREE = ("seed", "teachers_nonprivate")
+EXTRA_ROWS = ("synthetic_demos", "dp_demos_dp_es_span", "span_vote_demos", "span_vote_dp_es", "span_vote_nonprivate")
+EPSILON_FREE = ("seed", "teachers_nonprivate", "span_vote_nonprivate")
 
 
 @dataclass(frozen=True)
@@ -171,8 +173,8 @@ def run_row(row: str, seed: int, epsilon: float | None, task: Any, engine: Any, 
     extra: dict[str, Any] = {}
     if row == "seed":
         prompt = task.seed_prompt
-    elif row == "teachers_nonprivate":
-        labelled, extra = answers(bare, engine, setup, None, seed)
+    elif row in ("teachers_nonprivate", "span_vote_nonprivate"):
+        labelled, extra = answers(bare, engine, setup, None, seed, vote="span" if row.startswith("span") else "token")
         prompt = kshot(task, labelled.examples, setup.max_prompt_chars)
     elif row in ("dp_demos", "span_vote_demos"):
         labelled, extra = answers(bare, engine, setup, epsilon, seed, vote="span" if row.startswith("span") else "token")
@@ -234,7 +236,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                       "ci95": run_records.t_interval(values)}
     for eps in epsilons:
         for name in ("dp_es", "dp_demos", "dp_demos_dp_es", "dp_demos_dp_es_span", "teachers_nonprivate",
-                     "synthetic_demos", "span_vote_demos", "span_vote_dp_es"):
+                     "synthetic_demos", "span_vote_demos", "span_vote_dp_es", "span_vote_nonprivate"):
             gains = []
             for s in seeds:
                 base, ref = by.get((task, "seed", s, None)), by.get((task, "public_dp_es", s, eps))

@@ -193,8 +193,10 @@ def test_released_estimates_stay_in_the_metrics_range_and_say_what_they_cover(tm
                               private_train=PrivateDataset([Example(t, y) for t, y in base_rows(200)]), test=[],
                               seed_prompt="Label the message.")
     engine = LengthTimedEngine()
+    # The subsamples are seeded (insecure_noise_seed): with fresh ones the case arose in most runs,
+    # not all (a CI run once drew no subsample large enough).
     outcome = dp_textgrad.optimize(task, engine, runs_root=tmp_path, privacy="off", generations=10, population=4,
-                                   parents=1, sampling_rate=0.1, evaluate=False, seed=2)
+                                   parents=1, sampling_rate=0.1, evaluate=False, seed=2, insecure_noise_seed=7)
     raw = [s.estimate for c in outcome.optimizer.population.archive for s in c.evaluations]
     released = [h.best_estimate for h in outcome.result.history] + [outcome.result.estimate]
     assert max(raw) > 1.0, raw  # the case to clip arose
