@@ -808,12 +808,8 @@ def test_the_twin_of_a_multi_predictor_and_a_retrieval_program_differs_in_no_rel
     assert not diff, f"released channels differ between D and D+x: {diff}"
 
 
-def _leak_batched_count_into_reports(patch: pytest.MonkeyPatch) -> None:
-    """The number of private records scored on the batched path so far, put into each generation's
-    report as its public usage."""
-    import dataclasses
-
-    from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
+def _count_batched_records(patch: pytest.MonkeyPatch) -> list[int]:
+    """Count the private records DPES scores on the batched path (one record under every candidate)."""
     from dp_textgrad.tasks.scored import ScoredTask
 
     scored = [0]
@@ -824,14 +820,7 @@ def _leak_batched_count_into_reports(patch: pytest.MonkeyPatch) -> None:
         return many(self, prompts, records)
 
     patch.setattr(ScoredTask, "_outcomes_many", counting)
-    report = DPEvolutionStrategy._report
-    patch.setattr(
-        DPEvolutionStrategy,
-        "_report",
-        lambda self, t, best, public, *rest: dataclasses.replace(
-            report(self, t, best, public, *rest), public_completion_tokens=scored[0]
-        ),
-    )
+    return scored
 
 
 @pytest.mark.parametrize("program", ["classifier", "two predictors"])
@@ -849,7 +838,8 @@ def test_the_twin_on_the_batched_path_differs_in_no_released_channel_and_a_plant
     diff = differences(d.capture, dx.capture)
     assert not diff, f"released channels differ between D and D+x: {diff}"
     leaky_d, leaky_dx = dspy_twin_pair(
-        tmp_path / "leak", "rule edits", program=program, batched=True, leak=_leak_batched_count_into_reports
+        tmp_path / "leak", "rule edits", program=program, batched=True,
+        leak=lambda patch: _leak_count_into_reports(patch, _count_batched_records),
     )
     assert leaky_dx.slow_calls > 0 and differences(leaky_d.capture, leaky_dx.capture)
 
@@ -869,14 +859,15 @@ def _count_private_records(patch: pytest.MonkeyPatch) -> list[int]:
     return scored
 
 
-def _leak_count_into_reports(patch: pytest.MonkeyPatch) -> None:
-    """The number of private records scored so far, put into each generation's report as its
-    public usage (metrics.jsonl and the observers' events)."""
+def _leak_count_into_reports(patch: pytest.MonkeyPatch, count: Any = None) -> None:
+    """The number of private records scored so far (``count``: how they are counted, default
+    :func:`_count_private_records`), put into each generation's report as its public usage
+    (metrics.jsonl and the observers' events)."""
     import dataclasses
 
     from dp_textgrad.dp_es.optimizer import DPEvolutionStrategy
 
-    scored = _count_private_records(patch)
+    scored = (count or _count_private_records)(patch)
     report = DPEvolutionStrategy._report
     patch.setattr(
         DPEvolutionStrategy,
