@@ -13,7 +13,12 @@ public seed = the run's seed) and mutation operators; only the use of private da
   the best noisy mean released; its own accountant says 0.705;
 * ``ours_default``: ``dp_textgrad`` at epsilon 0.71, N declared, q its default min(1, 150 / N);
 * ``ours_auto``: the same with ``sampling_rate: auto``;
-* ``nonprivate``: ours with ``privacy = "off"`` (exact scores at the default q).
+* ``nonprivate``: ours with ``privacy = "off"`` (exact scores at the default q);
+* ``ours_auto_formats`` (generation tasks, run only when named in ``--methods``): ``ours_auto``
+  with public record formats (the ``record_format_change`` operator): the task's own
+  ``record_formats`` and the four generic ones of ``tasks.record_format``. Every other
+  method runs with ``record_formats = ()``, the operators the grid started with, so the grid's
+  methods share one operator set and this row measures what the formats add.
 
 Tasks: ``sst2`` (200 records of train.tsv; test: the first ``--n-test`` of dev.tsv), ``banking10``
 (BANKING77 on the 10 intents of dp_textgrad.tasks.registry; test: the first ``--n-test`` of their
@@ -60,6 +65,8 @@ DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "dp_es_protocol.json"
 DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "dp_es_protocol"
 EPSILON, DELTA, N = 0.71, 1e-5, 200
 METHODS = ("eps0", "dpes_published", "ours_default", "ours_auto", "nonprivate")
+# Compared where they ran on every seed the core methods completed; run only when named.
+EXTRA_METHODS = ("ours_auto_formats",)
 TASKS = ("sst2", "banking10", "support_extract")
 
 
@@ -87,7 +94,9 @@ def build_task(name: str, n_test: int, data_dir: str | None) -> Any:
     elif name == "banking10":
         task = build_banking77(data_dir, n_private=N, n_test=None, seed=0)
     elif name == "support_extract":
-        task = make_support_extract_task(seed=0, n_private=N, n_test=n_test)
+        # Without its record formats: the operator set every method of the grid shares
+        # (``ours_auto_formats`` puts them back).
+        task = replace(make_support_extract_task(seed=0, n_private=N, n_test=n_test), record_formats=())
     elif name == "gsm8k":
         task = build_gsm8k(data_dir, n_private=N, n_test=n_test, seed=0)
     else:
@@ -124,8 +133,18 @@ def run_ours(task: Any, engine: Any, method: str, seed: int) -> tuple[str, dict[
         settings.update(privacy="off")
     else:
         settings.update(epsilon=EPSILON, delta=DELTA)
-        if method == "ours_auto":
+        if method in ("ours_auto", "ours_auto_formats"):
             settings.update(sampling_rate="auto")
+    if method == "ours_auto_formats":
+        from dp_textgrad.tasks.record_format import GENERIC_RECORD_FORMATS
+        from dp_textgrad.tasks.support_extract import SUPPORT_EXTRACT_RECORD_FORMATS
+
+        if getattr(task, "kind", "") != "generate":
+            raise ValueError("ours_auto_formats: record formats apply to generation tasks only")
+        # As measured on 2026-12-05: the task's field-name formats and the four generic ones.
+        own = SUPPORT_EXTRACT_RECORD_FORMATS if task.name == "support_extract" else ()
+        formats = (*own, *GENERIC_RECORD_FORMATS)
+        task = replace(task, record_formats=formats)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outcome = dp_textgrad.optimize(
@@ -194,17 +213,19 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in rows if r["task"] == name]
         # Only seeds every method ran are compared: an unfinished seed (a time limit) would weight
         # the methods' means over different seeds.
-        methods = {r["method"] for r in mine if r["method"] != "seed"}
+        methods = {r["method"] for r in mine if r["method"] in METHODS}
         complete = sorted(
             s
             for s in {r["seed"] for r in mine if r["method"] != "seed"}
             if {r["method"] for r in mine if r["seed"] == s} >= methods
         )
-        left_out = [r for r in mine if r["method"] != "seed" and r["seed"] not in complete]
-        mine = [r for r in mine if r["method"] == "seed" or r["seed"] in complete]
+        extra = {m for m in EXTRA_METHODS if {r["seed"] for r in mine if r["method"] == m} >= set(complete)}
+        kept = [r for r in mine if r["method"] == "seed" or (r["seed"] in complete and r["method"] in methods | extra)]
+        left_out = [r for r in mine if r not in kept]
+        mine = kept
         seed_bits = next((r["test_correct"] for r in mine if r["method"] == "seed"), None)
         outcomes = {}
-        for method in ("seed", *METHODS):
+        for method in ("seed", *METHODS, *EXTRA_METHODS):
             runs = [r for r in mine if r["method"] == method]
             if runs:
                 outcomes[method] = np.stack([decode_outcomes(r["test_correct"]) for r in runs])
@@ -266,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work_file = args.work_dir / "runs.jsonl"
     tasks = [t for t in args.tasks.split(",") if t]
+    unknown = [m for m in args.methods.split(",") if m and m not in (*METHODS, *EXTRA_METHODS)]
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join((*METHODS, *EXTRA_METHODS))}")
     if not args.summarise_only:
         if args.engine_url:
             from dp_textgrad.engines.openai_engine import OpenAIEngine
@@ -314,7 +338,49 @@ def main(argv: list[str] | None = None) -> int:
     run_records.write_results(args.output, document, "benchmarks/dp_es_protocol.py", command)
     for name, values in document["tasks"].items():
         print(name, {m: round(v["score"], 3) for m, v in values["methods"].items()})
+    print(markdown_tables(document["tasks"]))
     return 0
+
+
+LABELS = {
+    "seed": "seed prompt",
+    "eps0": "epsilon-0 control (random parents)",
+    "dpes_published": "DP-ES as published",
+    "ours_default": "ours, default q",
+    "ours_auto": "ours, `auto`",
+    "ours_auto_formats": "ours, `auto`, with record formats",
+    "nonprivate": "ours, privacy off",
+}
+
+
+def markdown_tables(tasks: dict[str, Any]) -> str:
+    """The docs' tables (docs/benchmarks.md) of a summary: one per task."""
+
+    def diff(entry: dict[str, Any], key: str) -> str:
+        if key not in entry:
+            return ""
+        low, high = entry[f"{key}_ci"]
+        return f"{entry[key]:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    out = []
+    for name, values in tasks.items():
+        out += [
+            f"##### {name} ({values['n_test']} test records, seeds {', '.join(map(str, values['seeds']))})",
+            "",
+            "| method | runs | test score [95% CI] | vs DP-ES published | vs epsilon-0 | q | epsilon | engine calls |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for method, entry in values["methods"].items():
+            low, high = entry["score_ci"]
+            q = f"{entry['sampling_rate']:.2f}" if "sampling_rate" in entry else ""
+            eps = f"{entry['epsilon_spent']:.3f}" if "epsilon_spent" in entry else ""
+            out.append(
+                f"| {LABELS.get(method, method)} | {entry['runs']} | {entry['score']:.3f} [{low:.3f}, {high:.3f}] | "
+                f"{diff(entry, 'vs_dpes_published')} | {diff(entry, 'vs_eps0')} | {q} | {eps} | "
+                f"{entry['engine_calls_mean']:.0f} |"
+            )
+        out.append("")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

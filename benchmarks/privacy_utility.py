@@ -19,7 +19,9 @@ seed prompt and the same schedule of LLM work: ``generations`` rounds of
 * ``dp_gaussian_eps{E}_noshrink``: Gaussian DP-ES ranking by the raw noisy estimates
   (``shrinkage=False``) instead of the empirical-Bayes shrunk ones;
 * ``{method}_flatstart``: the ablation of the structured start: generation 0 made of
-  rule edits only (``MutationEngine.structured_start = False``), the same run otherwise.
+  rule edits only (``MutationEngine.structured_start = False``), the same run otherwise;
+* ``dp_gaussian_eps{E}_auto``: the Gaussian run with ``sampling_rate: auto`` (the planner's
+  rate for the budget and schedule) instead of the schedule's ``records / N``.
 
 DP runs use delta = min(1e-5, 1/(10 N)); their noise is calibrated to spend at most
 (E, delta) on the whole run under the tightest valid accountant.
@@ -167,6 +169,9 @@ def plan_jobs(plan: str, seeds: int) -> list[Job]:
     for regime in ("support", "sst2_n2000"):
         for seed in range(seeds):
             jobs += [Job(regime, f"{m}_flatstart", seed) for m in ("nonprivate", "dp_gaussian_eps4")]
+    # The planned sampling rate against the schedule's (issue 46), on the same seeds.
+    for seed in range(seeds):
+        jobs.append(Job("sst2_n2000", "dp_gaussian_eps4_auto", seed))
     return jobs
 
 
@@ -225,6 +230,9 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
     if method.endswith("_noshrink"):
         settings.update(shrinkage=False)
         method = method.removesuffix("_noshrink")
+    if method.endswith("_auto"):  # the planner's q for the budget and schedule
+        settings.update(sampling_rate="auto")
+        method = method.removesuffix("_auto")
     flat_start = method.endswith("_flatstart")
     method = method.removesuffix("_flatstart")
     if method.endswith("_warmup"):  # a public warm-up of 2 generations on the public examples first
@@ -271,7 +279,7 @@ def run_dp_es(job: Job, task, engine, schedule: Schedule, cache: AccuracyCache) 
         noise_multiplier=opt.noise_multiplier, selection_epsilon=opt.selection_epsilon,
         per_generation=per_generation, setup_seconds=setup_seconds,
         test_correct=cache.outcomes(job.regime, task, engine, result.prompt),
-        notes={"stopped_because": opt.stopped_because},
+        notes={"stopped_because": opt.stopped_because, "sampling_rate": opt.config.resolved_sampling_rate},
     )
 
 
@@ -497,7 +505,8 @@ def paired_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     outcomes: dict[str, list[np.ndarray]] = {}
     for r in sorted(rows, key=lambda r: (r["method"], r["seed"])):
         outcomes.setdefault(r["method"], []).append(decode_outcomes(r["test_correct"]))
-    ablations = {m: m.removesuffix("_flatstart") for m in outcomes if m.endswith("_flatstart")}
+    # Variants paired against the method they vary (the same seeds, the same test records).
+    ablations = {m: m.removesuffix(s) for m in outcomes for s in ("_flatstart", "_auto") if m.endswith(s)}
     return paired_bootstrap({m: np.vstack(v) for m, v in outcomes.items()}, baselines=ablations)
 
 
@@ -601,7 +610,7 @@ def write_summary(rows: list[dict[str, Any]], output: Path, schedule: Schedule, 
     return result
 
 
-ABLATIONS = ("_noshrink", "_flatstart")
+ABLATIONS = ("_noshrink", "_flatstart", "_auto")  # variants: each listed right after what it varies
 
 
 def method_order(name: str) -> tuple:

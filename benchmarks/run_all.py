@@ -1,4 +1,5 @@
-"""Rerun every benchmark, one after the other, with the settings the docs report.
+"""Rerun the benchmarks listed below, one after the other, with the settings the docs report
+(the other scripts in ``benchmarks/`` are run by the command their docs table names).
 
     python benchmarks/run_all.py            # everything (several hours on 2 cores)
     python benchmarks/run_all.py --only accounting,engine_throughput
@@ -38,6 +39,11 @@ BENCHMARKS: dict[str, list[str]] = {
     "labelling_utility": ["--threads", "2"],
     "dspy_utility": ["--n-private", "300", "--n-test", "100", "--seeds", "0", "1", "2", "--epsilons", "4", "1",
                      "--threads", "2", "--output", str(HERE / "results" / "dspy_utility_support.json")],
+    # Against DP-ES (issue 46): the fidelity pools first (the winner's-curse simulation reads them).
+    "selection_fidelity": [],
+    "winners_curse": [],
+    "dp_es_protocol": ["--n-test", "200"],
+    "record_formats": [],
 }
 
 

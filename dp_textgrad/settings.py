@@ -42,6 +42,7 @@ GENERATE_ONLY = (
     "categories",
     "max_new_tokens",
     "stop",
+    "record_formats",
 )
 DEFAULT_GENERATION_SEED_PROMPT = "Read the input and write the answer."
 
@@ -105,6 +106,11 @@ class TaskSection(Section):
     )
     max_new_tokens: int = Field(64, ge=1, description="generate: public cap on the tokens of one output")
     stop: list[str] | None = Field(None, description="generate: stop strings (default: a blank line, 'Input:')")
+    record_formats: list[str] | None = Field(
+        None,
+        description="generate: public record formats (each with {text} once) the search may try besides "
+        "record_template, best with the task's own field names (default: none, the operator is off)",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="more keyword arguments of the task builder")
 
     @field_validator("metric")
@@ -124,6 +130,13 @@ class TaskSection(Section):
         if value is not None and any(not s for s in value):
             raise ValueError("stop strings must be non-empty")
         return value
+
+    @field_validator("record_formats")
+    @classmethod
+    def _record_formats(cls, value: list[str] | None) -> list[str] | None:
+        from dp_textgrad.tasks.record_format import check_record_format
+
+        return None if value is None else [check_record_format(f, f"[{i}]") for i, f in enumerate(value)]
 
     @field_validator(*CLASSIFY_ONLY, *GENERATE_ONLY)
     @classmethod
@@ -284,6 +297,8 @@ class TaskSection(Section):
             options["record_template"] = self.record_template
         if self.stop is not None:
             options["stop"] = tuple(self.stop)
+        if self.record_formats is not None:
+            options["record_formats"] = tuple(self.record_formats)
         options["seed_prompt"] = self.seed_prompt or DEFAULT_GENERATION_SEED_PROMPT
         return build_generation_task_from_files(
             "custom",

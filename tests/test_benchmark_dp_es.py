@@ -110,6 +110,22 @@ def test_the_protocol_benchmark_runs_end_to_end(tmp_path, monkeypatch) -> None:
     json.dumps(summary)  # the results file can hold it
 
 
+def test_the_protocol_compares_an_extra_method_only_on_every_seed_the_grid_completed() -> None:
+    def row(method: str, seed: int, bits: str) -> dict:
+        return {"task": "t", "method": method, "seed": seed, "test_correct": bits, "engine_calls": 1}
+
+    core = [row(m, s, "1100" if m != "eps0" else "1000") for s in (0, 1) for m in protocol.METHODS]
+    rows = [row("seed", 0, "1000"), *core, row("ours_auto_formats", 0, "1110")]
+    summary = protocol.summarise(rows)["t"]
+    assert "ours_auto_formats" not in summary["methods"] and summary["seeds"] == [0, 1]
+    assert summary["runs_left_out"] == ["t/ours_auto_formats/0"]
+    summary = protocol.summarise([*rows, row("ours_auto_formats", 1, "1111")])["t"]
+    assert summary["methods"]["ours_auto_formats"]["score"] == pytest.approx(7 / 8)
+    assert summary["methods"]["ours_auto_formats"]["vs_eps0"] == pytest.approx(7 / 8 - 1 / 4)
+    with pytest.raises(SystemExit):
+        protocol.main(["--methods", "ours_auto,ours_typo", "--work-dir", "unused"])
+
+
 def test_selection_fidelity_prices_replace_one_soundly_and_simulates_both_scorers() -> None:
     # Unsampled (q = 1), our Gaussian has the same sensitivity under both relations: same price.
     import dp_accounting
@@ -161,3 +177,24 @@ def test_the_winners_curse_benchmark_shows_the_bias_the_fresh_estimate_removes(t
     assert abs(row["fresh_bias"]) < 4 * row["fresh_bias_se"]
     assert 0.9 < row["fresh_coverage"] <= 1.0
     assert result["command"].startswith("python benchmarks/winners_curse.py")
+
+
+def test_the_record_format_benchmark_writes_one_prompt_per_format_and_draw_and_pairs_them() -> None:
+    formats = _load_script("record_formats")
+    from dp_textgrad.tasks.record_format import split_record_format
+    from dp_textgrad.tasks.support_extract import make_support_extract_task
+
+    task = make_support_extract_task(seed=0, n_private=4, n_public=6, n_test=2)
+    jobs = formats.prompts_for(task, [[0, 1], [2, 3]])
+    assert len(jobs) == 2 * (1 + len(task.record_formats))
+    for name, draw, prompt in jobs:
+        body, record_format = split_record_format(prompt)
+        assert (record_format or task.record_template) == name
+        demos = [task.render_demo(task.public_examples[i], record_format) for i in ([0, 1], [2, 3])[draw]]
+        assert body == "\n\n".join([task.seed_prompt, *demos])
+    own, other = np.array([[1.0, 0.0, 1.0, 0.0]] * 2), np.array([[1.0, 1.0, 1.0, 0.0]] * 2)
+    summary = formats.summarise("own", {"own": own, "other": other})
+    assert summary["own"]["vs_task_template"] == 0.0 and summary["other"]["mean"] == 0.75
+    assert summary["other"]["vs_task_template"] == pytest.approx(0.25)
+    low, high = summary["other"]["vs_task_template_ci"]
+    assert 0.0 <= low <= 0.25 <= high <= 1.0  # one record of four differs

@@ -45,7 +45,7 @@ def test_summary_retained_gain_and_ci() -> None:
 def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
     bench = load_benchmark()
     jobs = bench.plan_jobs("full", 5)
-    first = [j for j in jobs if j.regime == "sst2_n2000" and not j.method.endswith("_flatstart")]
+    first = [j for j in jobs if j.regime == "sst2_n2000" and not j.method.endswith(("_flatstart", "_auto"))]
     assert {j.method for j in first} == {"seed", "kshot", "nonprivate", "tgd", *bench.dp_methods(),
                                          "dp_gaussian_eps1_noshrink", "dp_gaussian_eps4_noshrink"}
     assert {j.regime for j in jobs} == {"sst2_n2000", "banking10", "support", "sst2_n20000"}
@@ -58,6 +58,9 @@ def test_grid_puts_every_main_method_first_and_resumes_by_key() -> None:
     ablation = [j for j in jobs if j.method.endswith("_flatstart")]
     assert {(j.regime, j.method) for j in ablation} == {
         (r, m) for r in ("support", "sst2_n2000") for m in ("nonprivate_flatstart", "dp_gaussian_eps4_flatstart")}
+    planned = [j for j in jobs if j.method.endswith("_auto")]  # the planner's q (issue 46), last
+    assert {(j.regime, j.method) for j in planned} == {("sst2_n2000", "dp_gaussian_eps4_auto")}
+    assert jobs[-len(planned):] == planned and len(planned) == 5
 
 
 def test_flatstart_runs_turn_the_structured_start_off(monkeypatch) -> None:
@@ -202,3 +205,26 @@ def test_privacy_utility_smoke(tmp_path: Path) -> None:
     assert again_result["regimes"]["smoke"]["paired"] == result["regimes"]["smoke"]["paired"]
     assert {r["released_prompt_sha256"] for r in again_result["runs"]} == {
         r["released_prompt_sha256"] for r in result["runs"]} and "0 to do" in again.stdout
+
+
+def test_an_auto_run_plans_its_sampling_rate_and_is_paired_with_the_schedules(monkeypatch) -> None:
+    bench = load_benchmark()
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(params, **settings):  # the optimizer's settings, then stop: no model needed
+        seen.update(settings)
+        raise Stop
+
+    import dp_textgrad
+    from dp_textgrad.engines.scripted import ScriptedEngine
+
+    monkeypatch.setattr(dp_textgrad, "DPEvolutionStrategy", capture)
+    task = type("T", (), {"private_train": [0] * 2000, "seed_prompt": "p"})()
+    with pytest.raises(Stop):
+        bench.run_dp_es(bench.Job("sst2_n2000", "dp_gaussian_eps4_auto", 0), task, ScriptedEngine(), bench.Schedule(), None)
+    assert seen["sampling_rate"] == "auto" and seen["epsilon"] == 4.0
+    assert bench.method_order("dp_gaussian_eps4") < bench.method_order("dp_gaussian_eps4_auto")
+    assert bench.method_order("dp_gaussian_eps4_auto") < bench.method_order("dp_gaussian_eps8")

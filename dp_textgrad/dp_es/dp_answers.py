@@ -50,6 +50,7 @@ from dp_textgrad.privacy.token_voting import AnsweringPlan, answer_by_vote
 from dp_textgrad.privacy.validation import positive_int
 from dp_textgrad.privacy.voting import TeacherPartition, Vote
 from dp_textgrad.tasks.generation import GenerationExample, GenerationTask
+from dp_textgrad.tasks.record_format import split_record_format
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
@@ -65,7 +66,9 @@ def end_marker(task: GenerationTask) -> str:
 
 def public_prompt(task: GenerationTask, prompt: str, max_demos: int) -> str:
     """The prompt the public model proposes candidates with: ``prompt`` and up to ``max_demos``
-    of the task's public examples (public values only)."""
+    of the task's public examples (public values only), in the task's ``record_template`` (a
+    prompt's own record format is left out, as in :func:`labelling.compose_prompt`)."""
+    prompt = split_record_format(prompt)[0]
     parts = [prompt.strip()] if prompt.strip() else []
     parts += [task.render_demo(example) for example in task.public_examples[:max_demos]]
     return "\n\n".join(parts)

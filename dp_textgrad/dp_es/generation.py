@@ -124,6 +124,7 @@ class GenerationStep:
                 examples: Sequence[Any],
                 render: Callable[[Any], str],
                 critique: CritiquePipeline | None,
+                record_formats: Sequence[str] | None = None,
             ) -> MutationEngine:
                 return MutationEngine(
                     engine,
@@ -138,6 +139,8 @@ class GenerationStep:
                     weights=None if llm_operators else NO_LLM_WEIGHTS,
                     sanitiser=sanitiser,
                     critique=critique,
+                    record_formats=record_formats,
+                    render_demo_as=task.render_demo if record_formats is not None else None,
                 )
 
             components = tuple(getattr(task, "components", ()) or ())
@@ -152,7 +155,9 @@ class GenerationStep:
                     ),
                 )
             else:
-                mutation = engine_for(description, task.public_examples, task.render_demo, critique)
+                # A generation task's prompts may carry a record format (tasks.record_format).
+                formats = getattr(task, "record_formats", None) if getattr(task, "kind", "") == "generate" else None
+                mutation = engine_for(description, task.public_examples, task.render_demo, critique, formats)
         population = PopulationManager(
             config.population, config.elites, public_rng, shrink=None if config.shrinkage else no_shrinkage
         )

@@ -49,6 +49,7 @@ from dp_textgrad.privacy.voting import LabellingPlan, Vote, label_by_vote, parti
 from dp_textgrad.tasks.base import ClassificationTask, Example
 from dp_textgrad.tasks.generation import GenerationTask
 from dp_textgrad.tasks.loaders import DEFAULT_ENCODING, MAX_RECORD_CHARS, load_classification_file
+from dp_textgrad.tasks.record_format import split_record_format
 from dp_textgrad.tasks.text_files import LimitedLines, decoding_errors
 
 if TYPE_CHECKING:
@@ -168,7 +169,11 @@ def teacher_demos(
 
 
 def compose_prompt(task: ClassificationTask | GenerationTask, prompt: str, demos: Sequence[Example]) -> str:
-    """``prompt`` followed by ``demos`` rendered as demonstrations, blank lines between."""
+    """``prompt`` followed by ``demos`` rendered as demonstrations, blank lines between. A
+    generation prompt's own record format is left out: teachers read records and demonstrations
+    in the task's ``record_template``, as their prefixes are rendered."""
+    if getattr(task, "kind", "classify") == "generate":
+        prompt = split_record_format(prompt)[0]
     parts = [prompt.strip()] if prompt.strip() else []
     parts += [task.render_demo(example) for example in demos]
     return "\n\n".join(parts)

@@ -56,7 +56,10 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
     count_tokens, truncate = length_tools(engine)
     cap = max_record_tokens
     probe = truncate(" ".join(["word"] * (2 * cap)), cap)
-    prefix = task.render_prefix(prompt)
+    try:  # a generation prompt's own record format (tasks.record_format) must be well formed
+        prefix = task.render_prefix(prompt)
+    except ValueError as exc:  # public text: the seed prompt
+        raise PreflightError(f"preflight: the seed {exc}") from None
     context = getattr(engine, "context_tokens", None)
     generating = getattr(task, "kind", "classify") == "generate"
     if context is not None:
@@ -64,7 +67,8 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
             tail, tail_name = int(task.max_new_tokens), f"task max_new_tokens = {task.max_new_tokens}"
         else:
             tail, tail_name = max(count_tokens(v) for v in task.verbalizers.values()) + 1, "the longest label"
-        needed = count_tokens(prefix) + count_tokens(task.render_record(probe)) + tail
+        record = task.render_record(probe, prompt) if generating else task.render_record(probe)
+        needed = count_tokens(prefix) + count_tokens(record) + tail
         if needed > context:
             raise PreflightError(
                 f"preflight: a record of dp.max_record_tokens = {cap} tokens after the seed prompt, with "
@@ -73,7 +77,7 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
                 "context (n_ctx)"
             )
     if generating:
-        _probe_generation(engine, task, prefix, probe)
+        _probe_generation(engine, task, prompt, probe)
         return
     choices = [task.verbalizers[label] for label in task.labels]
     # An engine with ``probe_scores`` (the OpenAI one) probes with one short attempt per
@@ -94,11 +98,14 @@ def preflight(engine: Any, task: Any, prompt: str, max_record_tokens: int) -> No
         )
 
 
-def _probe_generation(engine: Any, task: Any, prefix: str, probe: str) -> None:
+def _probe_generation(engine: Any, task: Any, prompt: str, probe: str) -> None:
     """One short public generation, so an engine that cannot generate fails before any charge."""
     try:
         outputs = engine.generate_after_prefix(
-            prefix, [task.render_record(probe)], max_tokens=min(4, int(task.max_new_tokens)), stop=task.stop
+            task.render_prefix(prompt),
+            [task.render_record(probe, prompt)],
+            max_tokens=min(4, int(task.max_new_tokens)),
+            stop=task.stop_for(prompt),
         )
     except Exception as exc:  # public probe: its error text holds no private data
         raise PreflightError(

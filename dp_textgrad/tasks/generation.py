@@ -36,6 +36,12 @@ import numpy as np
 from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
 from dp_textgrad.tasks.base import Example, FeedbackSpec
 from dp_textgrad.tasks.metrics import Metric, safe_score
+from dp_textgrad.tasks.record_format import (
+    check_record_format,
+    fill_record_format,
+    format_stops,
+    split_record_format,
+)
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
@@ -103,6 +109,9 @@ class GenerationTask:
     seed_prompt: str = ""
     # Public inputs without answers: what a labelling phase (dp.labelling) gives DP answers to.
     public_inputs: list[str] = field(default_factory=list)
+    # Public record formats the search may try instead of record_template (tasks.record_format);
+    # none by default: measured, generic ones scored below a task's own template (docs/benchmarks.md).
+    record_formats: tuple[str, ...] = ()
 
     kind = "generate"
 
@@ -121,6 +130,10 @@ class GenerationTask:
         if not (self.clip_bound > 0 and np.isfinite(self.clip_bound)):
             raise ValueError("clip_bound: must be > 0")
         self.stop = tuple(str(s) for s in self.stop)
+        own = self.record_template.strip()
+        formats = [check_record_format(f, f"record_formats[{i}]") for i, f in enumerate(self.record_formats)]
+        # The task's own template is the format of a prompt without one: not an alternative.
+        self.record_formats = tuple(dict.fromkeys(f for f in formats if f != own))
         if any(not s for s in self.stop):
             raise ValueError("stop: stop strings must be non-empty")
         if not self.metric.categories:
@@ -196,17 +209,35 @@ class GenerationTask:
         return replace(self, private_train=PrivateDataset(records))
 
     # -- rendering ------------------------------------------------------------------
+    # A prompt may end with its own record format (a paragraph holding {text}); the others use
+    # record_template. Everything here is public: the prompt, its format and the settings.
+    def record_format_of(self, prompt: str | None) -> str | None:
+        """``prompt``'s own record format, or None (it uses ``record_template``)."""
+        return None if prompt is None else split_record_format(prompt)[1]
+
     def render_prefix(self, prompt: str) -> str:
-        return prompt.rstrip() + "\n\n" if prompt.strip() else ""
+        body = split_record_format(prompt)[0]
+        return body.rstrip() + "\n\n" if body.strip() else ""
 
-    def render_record(self, text: str) -> str:
-        return self.record_template.format(text=text)
+    def render_record(self, text: str, prompt: str | None = None) -> str:
+        """``text`` in ``prompt``'s record format (``record_template`` for a prompt without one)."""
+        record_format = self.record_format_of(prompt)
+        if record_format is None:
+            return self.record_template.format(text=text)
+        return fill_record_format(record_format, text)
 
-    def render_demo(self, example: Example) -> str:
-        """A public example as a demonstration: its input, then its reference answer."""
+    def stop_for(self, prompt: str | None) -> tuple[str, ...]:
+        """The stop strings under ``prompt``: the task's, and its own format's next-record label."""
+        return format_stops(self.record_format_of(prompt), self.stop)
+
+    def render_demo(self, example: Example, record_format: str | None = None) -> str:
+        """A public example as a demonstration: its input, then its reference answer, in
+        ``record_format`` (default: ``record_template``)."""
         reference = getattr(example, "reference", None)
         answer = reference_text(reference) if reference is not None else example.label
-        return self.render_record(example.text) + " " + answer.strip()
+        if record_format is None:
+            return self.render_record(example.text) + " " + answer.strip()
+        return fill_record_format(record_format, example.text) + " " + answer.strip()
 
     # -- generating and scoring -----------------------------------------------------
     def generate(self, engine: Engine, prompt: str, texts: Sequence[str]) -> list[str]:
@@ -215,9 +246,9 @@ class GenerationTask:
             return []
         outputs = engine.generate_after_prefix(
             self.render_prefix(prompt),
-            [self.render_record(t) for t in texts],
+            [self.render_record(t, prompt) for t in texts],
             max_tokens=self.max_new_tokens,
-            stop=self.stop,
+            stop=self.stop_for(prompt),
             temperature=self.temperature,
         )
         if len(outputs) != len(texts):
@@ -226,18 +257,28 @@ class GenerationTask:
 
     def generate_for_prompts(self, engine: Engine, prompts: Sequence[str], text: str) -> list[str]:
         """The outputs of ONE record under each prompt (``engine.generate_for_prefixes``), each
-        depending on the prompts and this record only."""
+        depending on the prompts and this record only. Prompts with the same record format
+        share a call (the record's text after them is the same); each call holds this record
+        only."""
         if not prompts:
             return []
-        outputs = engine.generate_for_prefixes(
-            [self.render_prefix(p) for p in prompts],
-            self.render_record(text),
-            max_tokens=self.max_new_tokens,
-            stop=self.stop,
-            temperature=self.temperature,
-        )
-        if len(outputs) != len(prompts):
-            raise RuntimeError("engine.generate_for_prefixes: returned the wrong number of outputs")
+        groups: dict[str | None, list[int]] = {}
+        for position, prompt in enumerate(prompts):
+            groups.setdefault(self.record_format_of(prompt), []).append(position)
+        outputs: list[str | None] = [None] * len(prompts)
+        for positions in groups.values():  # in order of first appearance: public, fixed
+            first = prompts[positions[0]]
+            group_outputs = engine.generate_for_prefixes(
+                [self.render_prefix(prompts[p]) for p in positions],
+                self.render_record(text, first),
+                max_tokens=self.max_new_tokens,
+                stop=self.stop_for(first),
+                temperature=self.temperature,
+            )
+            if len(group_outputs) != len(positions):
+                raise RuntimeError("engine.generate_for_prefixes: returned the wrong number of outputs")
+            for p, output in zip(positions, group_outputs, strict=True):
+                outputs[p] = str(output)
         return [str(o) for o in outputs]
 
     def _outcomes(self, engine: Engine, prompt: str, examples: Sequence[GenerationExample]) -> GenerationOutcomes:

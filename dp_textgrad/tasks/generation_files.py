@@ -240,12 +240,14 @@ def build_generation_task_from_files(
     seed: int = 0,
     encoding: str = DEFAULT_ENCODING,
     max_record_chars: int = MAX_RECORD_CHARS,
+    record_formats: Sequence[str] = (),
 ) -> GenerationTask:
     """A ``GenerationTask`` whose private split is the ``train`` file, scored by ``metric``.
 
     ``public`` is a file or a list of examples that may be shown to the mutation LLM as
     demonstrations. ``n_private`` / ``n_test`` take uniform random subsets fixed by ``seed``
-    (as :func:`dp_textgrad.tasks.loaders.build_task_from_files`).
+    (as :func:`dp_textgrad.tasks.loaders.build_task_from_files`). ``record_formats``: the public
+    record formats the search may try besides ``record_template`` (:mod:`tasks.record_format`).
     """
 
     def load(path: str | os.PathLike[str]) -> list[GenerationExample]:
@@ -274,6 +276,7 @@ def build_generation_task_from_files(
         temperature=temperature,
         clip_bound=clip_bound,
         seed_prompt=seed_prompt,
+        record_formats=tuple(record_formats),
     )
 
 

@@ -21,6 +21,7 @@ from dp_textgrad.dp_es.mutation.phrase_bank import (
 from dp_textgrad.dp_es.population import Candidate
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.privacy.data import PublicText
+from dp_textgrad.tasks.record_format import split_record_format
 from dp_textgrad.tasks.support_extract import make_support_extract_task
 
 # Words that only a classification prompt has any use for.
@@ -43,11 +44,20 @@ def test_a_generation_run_never_proposes_a_classification_phrase(tmp_path) -> No
     offending = {c.text: _classification_phrases(c.text) for c in candidates if _classification_phrases(c.text)}
     assert not offending, offending
     assert not _classification_phrases(outcome.result.prompt)
-    # Every demonstration of every candidate is a public example in the task's own record template.
-    rendered = {task.render_demo(example).strip() for example in task.public_examples}
-    demos = [block.strip() for c in candidates for block in c.text.split("\n\n")[1:]]
-    assert demos and all(block in rendered for block in demos), [b for b in demos if b not in rendered][:3]
-    assert all(block.startswith("Message: ") and "\nAnswer: " in block for block in demos)
+    # Every demonstration of every candidate is a public example written in the candidate's own
+    # record format: the task's template, or the format the search moved it to.
+    formats_seen = set()
+    for candidate in candidates:
+        body, record_format = split_record_format(candidate.text)
+        formats_seen.add(record_format)
+        rendered = {task.render_demo(example, record_format).strip() for example in task.public_examples}
+        demos = [block.strip() for block in body.split("\n\n")[1:]]
+        assert all(block in rendered for block in demos), [b for b in demos if b not in rendered][:3]
+        if record_format is None:
+            assert all(block.startswith("Message: ") and "\nAnswer: " in block for block in demos)
+        else:
+            assert record_format in task.record_formats
+    assert None in formats_seen and len(formats_seen) >= 2  # the search tried other public formats
 
 
 def test_the_llm_operators_show_a_generation_task_worked_examples_of_its_family() -> None:

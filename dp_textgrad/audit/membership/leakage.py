@@ -38,9 +38,15 @@ def record_context(task: ClassificationTask, prompt: str, record_prefix: str = "
     """Model input up to ``record_prefix`` of a record, as the task renders records.
 
     ``render_prefix(prompt) + before_record + <template head> + record_prefix``, where
-    the template head is the record template's text before ``{text}``.
+    the template head is the record template's text before ``{text}`` (a generation prompt's
+    own record format's, where it has one: ``tasks.record_format``).
     """
-    head = task.record_template.split("{text}", 1)[0].replace("{{", "{").replace("}}", "}")
+    own_format = getattr(task, "record_format_of", None)
+    record_format = own_format(prompt) if callable(own_format) else None
+    if record_format is not None:
+        head = record_format.split("{text}", 1)[0]
+    else:
+        head = task.record_template.split("{text}", 1)[0].replace("{{", "{").replace("}}", "}")
     return task.render_prefix(prompt) + before_record + head + record_prefix
 
 

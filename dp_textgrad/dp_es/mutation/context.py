@@ -34,6 +34,12 @@ class MutationContext:
     the behaviour, so runs are reproducible from a seed. ``engine`` is None when the LLM
     operators are off. ``demo_pool`` and ``demo_labels`` are parallel: rendered demos with
     their provenance, and their labels. ``vocabulary``: the words of the task's public text.
+
+    ``record_formats``: for a generation task, the public record formats a prompt may take
+    besides the task's own (None: prompts have no record format of their own, as a
+    classification task's). The demo pool then holds every public example in every format:
+    ``demo_formats`` and ``demo_examples`` (parallel to ``demo_pool``) give each demo's format
+    (None: the task's own) and the index of its example.
     """
 
     engine: Engine | None
@@ -55,15 +61,33 @@ class MutationContext:
     examples_in_prompt: int
     temperature: float
     max_tokens: int
+    record_formats: tuple[PublicText, ...] | None = None
+    demo_formats: tuple[str | None, ...] = ()
+    demo_examples: tuple[int, ...] = ()
 
     def layout(self, candidate: Candidate) -> PromptLayout:
-        """``candidate``'s prompt split into instruction and demos of the pool."""
-        return parse_layout(candidate.text, self.demo_pool)
+        """``candidate``'s prompt split into instruction, demos of the pool and record format."""
+        return parse_layout(candidate.text, self.demo_pool, record_format=self.record_formats is not None)
+
+    def demo_indices(self, record_format: str | None) -> list[int]:
+        """Positions in the pool of the demos written in ``record_format`` (all, without formats)."""
+        if self.record_formats is None:
+            return list(range(len(self.demo_pool)))
+        return [i for i, fmt in enumerate(self.demo_formats) if fmt == record_format]
 
     def unused_demos(self, layout: PromptLayout) -> list[PublicText]:
-        """Demos of the pool that ``layout`` does not hold yet."""
+        """Demos of the pool, in ``layout``'s record format, that ``layout`` does not hold yet."""
         present = {normalise_text(d) for d in layout.demos}
-        return [d for d in self.demo_pool if normalise_text(d) not in present]
+        pool = [self.demo_pool[i] for i in self.demo_indices(layout.record_format)]
+        return [d for d in pool if normalise_text(d) not in present]
+
+    def demos_in_format(self, demos: list[str], target: str | None) -> list[str]:
+        """``demos`` of the pool rewritten in ``target``: the same public examples."""
+        if self.record_formats is None:
+            return list(demos)
+        by_text = {normalise_text(d): self.demo_examples[i] for i, d in enumerate(self.demo_pool)}
+        by_example = {self.demo_examples[i]: str(self.demo_pool[i]) for i in self.demo_indices(target)}
+        return [by_example.get(by_text.get(normalise_text(d), -1), d) for d in demos]
 
 
 __all__ = ["MutationContext"]

@@ -102,11 +102,11 @@ def llm_rewrite(
     if unsafe_examples_used:
         meta["unsafe_examples_in_prompt"] = len(examples)
     if raw is not None:
-        room = ctx.max_prompt_chars - len(PromptLayout("", layout.demos).compose()) - 2
+        room = ctx.max_prompt_chars - len(PromptLayout("", layout.demos, layout.record_format).compose()) - 2
         text, reason = _accept_instruction(ctx, raw, layout.instruction, room, [str(f) for f in chosen])
         if text is not None:
             meta["output_chars"] = len(raw)
-            return Edit(PromptLayout(text, layout.demos), "llm_rewrite", meta, used_unsafe)
+            return Edit(PromptLayout(text, layout.demos, layout.record_format), "llm_rewrite", meta, used_unsafe)
         error = reason
     return FailedLLMEdit("llm_rewrite", error or "unknown", meta, used_unsafe)
 
@@ -144,14 +144,16 @@ def llm_crossover(
     meta: dict[str, Any] = {"llm_seed": seed, "partner_ids": [partner.id]}
     used_unsafe = "unsafe" in (ia.source, ib.source)
     if raw is not None:
-        demos = merge_demos(a.demos, b.demos, ctx.max_demos)
-        room = ctx.max_prompt_chars - len(PromptLayout("", demos).compose()) - 2
+        demos = merge_demos(a.demos, ctx.demos_in_format(b.demos, a.record_format), ctx.max_demos)
+        room = ctx.max_prompt_chars - len(PromptLayout("", demos, a.record_format).compose()) - 2
         text, reason = _accept_instruction(ctx, raw, a.instruction, room, [b.instruction])
         if text is not None and normalise_text(text) == normalise_text(b.instruction):
             text, reason = None, "unchanged"
         if text is not None:
             meta["output_chars"] = len(raw)
-            return Edit(PromptLayout(text, demos), "llm_crossover", meta, used_unsafe, partners=(partner,))
+            return Edit(
+                PromptLayout(text, demos, a.record_format), "llm_crossover", meta, used_unsafe, partners=(partner,)
+            )
         error = reason
     return FailedLLMEdit("llm_crossover", error or "unknown", meta, used_unsafe, partners=(partner,))
 

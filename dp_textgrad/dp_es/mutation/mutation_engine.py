@@ -45,6 +45,7 @@ from dp_textgrad.privacy.data import (
     PublicText,
 )
 from dp_textgrad.tasks.base import Example
+from dp_textgrad.tasks.record_format import check_record_format
 
 if TYPE_CHECKING:
     from dp_textgrad.engines.base import Engine
@@ -68,6 +69,10 @@ class MutationEngine:
     :meth:`variants`). ``sanitiser`` cleans the DP feedback before it is used (default: one
     for this ``mode`` that keeps the label names); ``critique``, when given, asks the LLM
     for advice on each parent from that feedback (:meth:`offspring`).
+    ``record_formats``: a generation task's public record formats besides its own (its
+    ``record_formats``; None for a task whose prompts have no record format), with
+    ``render_demo_as(example, format)`` writing a demo in one; the ``record_format_change``
+    operator moves a prompt between them.
     """
 
     def __init__(
@@ -92,6 +97,8 @@ class MutationEngine:
         max_tokens: int = 120,
         sanitiser: FeedbackSanitiser | None = None,
         critique: CritiquePipeline | None = None,
+        record_formats: Sequence[str] | None = None,
+        render_demo_as: Callable[[Example, str], str] | None = None,
     ) -> None:
         check_mode(mode)
         task_description = check_public(task_description, mode=mode, field_name="task_description")
@@ -116,6 +123,18 @@ class MutationEngine:
         self.structured_start = structured_start
         self.sanitiser = sanitiser or FeedbackSanitiser(mode=mode, keep_terms=[str(lab) for lab in public_labels])
         self.critique = critique
+        examples = [(ex, "public_example") for ex in public] + [(ex, "unsafe") for ex in unsafe]
+        formats_checked = self._record_formats(record_formats, render_demo_as)
+        # The demo pool: every example in the task's own format, then in each other format.
+        pool: list[tuple[Example, str, str | None, int]] = [
+            (ex, source, None, i) for i, (ex, source) in enumerate(examples)
+        ]
+        for fmt in formats_checked or ():
+            pool += [(ex, source, str(fmt), i) for i, (ex, source) in enumerate(examples)]
+
+        def rendered(example: Example, fmt: str | None) -> str:
+            return render_demo(example) if fmt is None or render_demo_as is None else render_demo_as(example, fmt)
+
         self.context = MutationContext(
             engine=engine,
             rng=rng,
@@ -125,9 +144,8 @@ class MutationEngine:
             public_examples=public,
             unsafe_examples=unsafe,
             # The demo pool: rendered text with provenance, and the labels of its demos.
-            demo_pool=tuple(PublicText(norm_block(render_demo(ex)), "public_example") for ex in public)
-            + tuple(PublicText(norm_block(render_demo(ex)), "unsafe") for ex in unsafe),
-            demo_labels=tuple(ex.label for ex in public + unsafe),
+            demo_pool=tuple(PublicText(norm_block(rendered(ex, fmt)), source) for ex, source, fmt, _ in pool),
+            demo_labels=tuple(ex.label for ex, _, _, _ in pool),
             vocabulary=vocabulary,
             phrases=tuple(PublicText(p, "phrase_bank") for p in phrases if not foreign_words(p, vocabulary)),
             formats=tuple(PublicText(p, "phrase_bank") for p in formats),
@@ -138,6 +156,9 @@ class MutationEngine:
             examples_in_prompt=(2 if mode == "unsafe" else 0) if examples_in_prompt is None else examples_in_prompt,
             temperature=temperature,
             max_tokens=max_tokens,
+            record_formats=formats_checked,
+            demo_formats=tuple(fmt for _, _, fmt, _ in pool),
+            demo_examples=tuple(i for _, _, _, i in pool),
         )
 
     # The public generator and validated inputs the operators share (the audit's replay of variants reads them).
@@ -157,6 +178,17 @@ class MutationEngine:
         if not isinstance(example, Example):
             raise TypeError(f"{field_name}: expected Example objects, got {type(example).__name__}")
         return example
+
+    @staticmethod
+    def _record_formats(
+        record_formats: Sequence[str] | None, render_demo_as: Callable[[Example, str], str] | None
+    ) -> tuple[PublicText, ...] | None:
+        if record_formats is None:
+            return None
+        if record_formats and render_demo_as is None:
+            raise ValueError("render_demo_as: record formats need a way to write a demo in one (task.render_demo)")
+        checked = [check_record_format(f, f"record_formats[{i}]") for i, f in enumerate(record_formats)]
+        return tuple(PublicText(f, "user") for f in dict.fromkeys(checked))
 
     @staticmethod
     def _resolve_weights(weights: Mapping[str, float] | None) -> dict[str, float]:

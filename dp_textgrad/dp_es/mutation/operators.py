@@ -16,6 +16,7 @@ Rule edits:
   ``format_change``     output-format instruction from the phrase bank
   ``verbaliser_hint``   "Answer with exactly one of: a, b, c."
   ``demo_insert`` / ``demo_swap`` / ``demo_remove`` / ``demo_set``  few-shot demos from PUBLIC examples
+  ``record_format_change``  a generation prompt's record format (public; demos rewritten in it)
 
 All randomness comes from the context's seeded ``rng``; the order of the draws is part
 of the behaviour (runs are reproducible from a seed), so keep it when editing.
@@ -67,7 +68,7 @@ def instruction_edit(name: str) -> Callable[[SentenceEdit], OperatorFn]:
             if edited is None:
                 return None
             sentences, meta = edited
-            return Edit(PromptLayout(" ".join(sentences), list(layout.demos)), name, meta)
+            return Edit(PromptLayout(" ".join(sentences), list(layout.demos), layout.record_format), name, meta)
 
         run.__doc__ = edit.__doc__
         return run
@@ -146,8 +147,8 @@ def sentence_crossover(
         mixed = sa[: (len(sa) + 1) // 2] + [
             s for s in sb[len(sb) // 2 :] if normalise_text(s) not in {normalise_text(x) for x in sa}
         ]
-    demos = merge_demos(a.demos, b.demos, ctx.max_demos)
-    edited = PromptLayout(" ".join(mixed), demos)
+    demos = merge_demos(a.demos, ctx.demos_in_format(b.demos, a.record_format), ctx.max_demos)
+    edited = PromptLayout(" ".join(mixed), demos, a.record_format)
     if normalise_text(edited.compose()) == partner.key:  # the partner itself: no child
         return None
     return Edit(edited, "sentence_crossover", {"partner_ids": [partner.id]}, partners=(partner,))
@@ -158,7 +159,7 @@ def _demo_edit(
     ctx: MutationContext, name: str, layout: PromptLayout, demos: list[str], pick: PublicText, index: int
 ) -> Edit:
     meta = {"demo_pool_index": ctx.demo_pool.index(pick), "position": index, "demo_source": pick.source}
-    return Edit(PromptLayout(layout.instruction, demos), name, meta, pick.source == "unsafe")
+    return Edit(PromptLayout(layout.instruction, demos, layout.record_format), name, meta, pick.source == "unsafe")
 
 
 def demo_insert(
@@ -198,7 +199,7 @@ def demo_remove(
         return None
     index = int(ctx.rng.integers(len(demos)))
     demos.pop(index)
-    return Edit(PromptLayout(layout.instruction, demos), "demo_remove", {"removed_index": index})
+    return Edit(PromptLayout(layout.instruction, demos, layout.record_format), "demo_remove", {"removed_index": index})
 
 
 def demo_set(
@@ -213,8 +214,8 @@ def demo_set(
     """
     layout = ctx.layout(primary)
     by_label: dict[str, list[int]] = {}
-    for index, label in enumerate(ctx.demo_labels):
-        by_label.setdefault(label, []).append(index)
+    for index in ctx.demo_indices(layout.record_format):
+        by_label.setdefault(ctx.demo_labels[index], []).append(index)
     # A generation task's demos are one group; its outputs copy their format, so sets are larger.
     per_label = int(ctx.rng.integers(1, 4)) if ctx.labels else int(ctx.rng.integers(2, 7))
     for size in range(per_label, 0, -1):
@@ -224,17 +225,35 @@ def demo_set(
             chosen = ctx.rng.choice(len(pool), size=min(size, len(pool)), replace=False)
             picks += [pool[int(j)] for j in chosen]
         picks = [picks[int(j)] for j in ctx.rng.permutation(len(picks))]
-        edited = PromptLayout(layout.instruction, [str(ctx.demo_pool[i]) for i in picks])
+        edited = PromptLayout(layout.instruction, [str(ctx.demo_pool[i]) for i in picks], layout.record_format)
         if len(edited.compose()) <= ctx.max_prompt_chars:
             used_unsafe = any(ctx.demo_pool[i].source == "unsafe" for i in picks)
             return Edit(edited, "demo_set", {"per_label": size, "demo_pool_indices": picks}, used_unsafe)
     return None
 
 
+def record_format_change(
+    ctx: MutationContext, primary: Candidate, partners: Sequence[Candidate], feedback: Sequence[PublicText]
+) -> Edit | None:
+    """Another public record format for a generation prompt (the task's own or one of
+    ``ctx.record_formats``), its demonstrations rewritten in it: how the model reads the input
+    and writes the answer is part of what the search varies."""
+    layout = ctx.layout(primary)
+    options: list[str | None] = [None, *(str(f) for f in ctx.record_formats or ())]
+    options = [f for f in options if f != layout.record_format]
+    if not options:
+        return None
+    choice = options[int(ctx.rng.integers(len(options)))]
+    demos = ctx.demos_in_format(list(layout.demos), choice)
+    meta = {"record_format": choice if choice is not None else "task", "replaced": layout.record_format or "task"}
+    return Edit(PromptLayout(layout.instruction, demos, choice), "record_format_change", meta)
+
+
 # -- the registry ---------------------------------------------------------------------
 def _demo_groups(ctx: MutationContext, layout: PromptLayout) -> bool:
     """Balanced sets need two labels; a generation task (no labels) needs two demos of its one group."""
-    return len(set(ctx.demo_labels)) >= 2 if ctx.labels else len(ctx.demo_pool) >= 2
+    pool = ctx.demo_indices(layout.record_format)
+    return len({ctx.demo_labels[i] for i in pool}) >= 2 if ctx.labels else len(pool) >= 2
 
 
 def _always(ctx: MutationContext, layout: PromptLayout) -> bool:
@@ -277,6 +296,8 @@ OPERATORS: Mapping[str, Operator] = MappingProxyType(
         "demo_swap": Operator(demo_swap, 0.5, lambda ctx, lay: bool(lay.demos) and bool(ctx.unused_demos(lay))),
         "demo_remove": Operator(demo_remove, 0.5, lambda ctx, lay: bool(lay.demos)),
         "demo_set": Operator(demo_set, 2.0, _demo_groups),
+        # Last: a task without record formats draws the other operators as before.
+        "record_format_change": Operator(record_format_change, 0.75, lambda ctx, lay: bool(ctx.record_formats)),
     }
 )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from dp_textgrad.dp_es.mutation.phrase_bank import VERBALISER_HINTS
 from dp_textgrad.dp_es.population import Candidate, normalise_text
+from dp_textgrad.tasks.record_format import split_record_format, with_record_format
 
 PROMPT_OPEN = "<PROMPT>"
 PROMPT_CLOSE = "</PROMPT>"
@@ -131,14 +132,17 @@ def norm_block(text: str) -> str:
 
 @dataclass
 class PromptLayout:
-    """A candidate prompt split into its instruction and its demo blocks."""
+    """A candidate prompt split into its instruction, its demo blocks and, for a generation
+    prompt with one, its own record format (the last paragraph, holding ``{text}``;
+    :mod:`dp_textgrad.tasks.record_format`). ``record_format`` None: the task's template."""
 
     instruction: str
     demos: list[str] = field(default_factory=list)
+    record_format: str | None = None
 
     def compose(self) -> str:
         blocks = ([self.instruction.strip()] if self.instruction.strip() else []) + list(self.demos)
-        return "\n\n".join(blocks)
+        return with_record_format("\n\n".join(blocks), self.record_format)
 
 
 @dataclass(frozen=True)
@@ -174,8 +178,13 @@ class FailedLLMEdit:
     partners: tuple[Candidate, ...] = ()
 
 
-def parse_layout(text: str, known_demos: Sequence[str]) -> PromptLayout:
-    """Blocks (separated by blank lines) that equal a known demo are demos; the rest is instruction."""
+def parse_layout(text: str, known_demos: Sequence[str], record_format: bool = False) -> PromptLayout:
+    """Blocks (separated by blank lines) that equal a known demo are demos; the rest is
+    instruction. ``record_format``: a generation prompt's own record format (its paragraph
+    holding ``{text}``, to the end) is split off first."""
+    fmt = None
+    if record_format:
+        text, fmt = split_record_format(text)
     known = {normalise_text(d) for d in known_demos}
     instruction: list[str] = []
     demos: list[str] = []
@@ -183,7 +192,7 @@ def parse_layout(text: str, known_demos: Sequence[str]) -> PromptLayout:
         if not block.strip():
             continue
         (demos if normalise_text(block) in known else instruction).append(block.strip())
-    return PromptLayout("\n\n".join(instruction), demos)
+    return PromptLayout("\n\n".join(instruction), demos, fmt)
 
 
 def merge_demos(first: Sequence[str], second: Sequence[str], limit: int) -> list[str]:
