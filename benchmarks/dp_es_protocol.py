@@ -19,6 +19,11 @@ public seed = the run's seed) and mutation operators; only the use of private da
   ``record_formats`` and the four generic ones of ``tasks.record_format``. Every other
   method runs with ``record_formats = ()``, the operators the grid started with, so the grid's
   methods share one operator set and this row measures what the formats add.
+* ``ours_auto_equal_work`` (run only when named): ``ours_auto`` capped at DP-ES's private work,
+  ``max_private_evaluations`` = b K T = 180 planned record evaluations (the paper's 10 records per
+  candidate): does ours still lead when it may read no more private records than DP-ES does?
+* ``ours_auto_own_formats`` (likewise run only when named): ``ours_auto`` with the task's own
+  ``record_formats`` only, the built-in task's default since 2026-12-05 (its two field-name formats).
 
 Tasks: ``sst2`` (200 records of train.tsv; test: the first ``--n-test`` of dev.tsv), ``banking10``
 (BANKING77 on the 10 intents of dp_textgrad.tasks.registry; test: the first ``--n-test`` of their
@@ -28,6 +33,7 @@ and seeds resampled together) of every method against DP-ES and against the epsi
 
     python benchmarks/dp_es_protocol.py --seeds 3                  # resumable (runs/benchmarks/dp_es_protocol)
     python benchmarks/dp_es_protocol.py --summarise-only           # rebuild the results file
+    python benchmarks/dp_es_protocol.py --restore-from benchmarks/results/dp_es_protocol.json --tasks banking10
     python benchmarks/dp_es_protocol.py --tasks sst2 --seeds 1 --n-test 20 --work-dir smoke --output smoke.json
 
 GSM8K needs a capable model: ``--tasks gsm8k --engine-url http://HOST:PORT/v1 --model NAME`` runs
@@ -66,7 +72,7 @@ DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "dp_es_protocol"
 EPSILON, DELTA, N = 0.71, 1e-5, 200
 METHODS = ("eps0", "dpes_published", "ours_default", "ours_auto", "nonprivate")
 # Compared where they ran on every seed the core methods completed; run only when named.
-EXTRA_METHODS = ("ours_auto_formats",)
+EXTRA_METHODS = ("ours_auto_equal_work", "ours_auto_formats", "ours_auto_own_formats")
 TASKS = ("sst2", "banking10", "support_extract")
 
 
@@ -133,17 +139,20 @@ def run_ours(task: Any, engine: Any, method: str, seed: int) -> tuple[str, dict[
         settings.update(privacy="off")
     else:
         settings.update(epsilon=EPSILON, delta=DELTA)
-        if method in ("ours_auto", "ours_auto_formats"):
+        if method in ("ours_auto", *EXTRA_METHODS):
             settings.update(sampling_rate="auto")
-    if method == "ours_auto_formats":
+        if method == "ours_auto_equal_work":
+            paper = PaperSettings()
+            settings.update(max_private_evaluations=paper.batch * paper.releases)
+    if method in ("ours_auto_formats", "ours_auto_own_formats"):
         from dp_textgrad.tasks.record_format import GENERIC_RECORD_FORMATS
         from dp_textgrad.tasks.support_extract import SUPPORT_EXTRACT_RECORD_FORMATS
 
         if getattr(task, "kind", "") != "generate":
-            raise ValueError("ours_auto_formats: record formats apply to generation tasks only")
-        # As measured on 2026-12-05: the task's field-name formats and the four generic ones.
+            raise ValueError(f"{method}: record formats apply to generation tasks only")
         own = SUPPORT_EXTRACT_RECORD_FORMATS if task.name == "support_extract" else ()
-        formats = (*own, *GENERIC_RECORD_FORMATS)
+        # ours_auto_formats as measured on 2026-12-05: the field-name formats and the four generic ones.
+        formats = own if method == "ours_auto_own_formats" else (*own, *GENERIC_RECORD_FORMATS)
         task = replace(task, record_formats=formats)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -160,6 +169,7 @@ def run_ours(task: Any, engine: Any, method: str, seed: int) -> tuple[str, dict[
         "noise_multiplier": outcome.optimizer.noise_multiplier,
         "epsilon_spent": None if outcome.result.unsafe else float(outcome.result.epsilon),
         "released_estimate": outcome.result.estimate,
+        "planned_private_evaluations": outcome.optimizer.planned_private_evaluations * config.generations,
     }
     return outcome.result.prompt, notes
 
@@ -247,7 +257,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                         entry[f"vs_{reference}_ci"] = stats[f"vs_{reference}_ci"]
         for method, entry in table.items():
             runs = [r for r in mine if r["method"] == method]
-            for field in ("sampling_rate", "noise_multiplier", "epsilon_spent"):
+            for field in ("sampling_rate", "noise_multiplier", "epsilon_spent", "planned_private_evaluations"):
                 values = [r[field] for r in runs if r.get(field) is not None]
                 if values:
                     entry[field] = float(np.mean(values))
@@ -284,8 +294,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--max-minutes", type=float, default=None)
     parser.add_argument("--summarise-only", action="store_true")
+    parser.add_argument(
+        "--restore-from",
+        type=Path,
+        default=None,
+        help="first copy the runs of a results file (e.g. the committed one) into the work file, so a fresh "
+        "checkout extends the grid instead of rerunning it",
+    )
     args = parser.parse_args(argv)
     work_file = args.work_dir / "runs.jsonl"
+    if args.restore_from is not None:
+        restored = run_records.restore_runs(args.restore_from, work_file, row_key)
+        print(f"{restored} runs restored from {args.restore_from}", flush=True)
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [m for m in args.methods.split(",") if m and m not in (*METHODS, *EXTRA_METHODS)]
     if unknown:
@@ -348,7 +368,9 @@ LABELS = {
     "dpes_published": "DP-ES as published",
     "ours_default": "ours, default q",
     "ours_auto": "ours, `auto`",
+    "ours_auto_equal_work": "ours, `auto`, DP-ES's private work (180 evaluations)",
     "ours_auto_formats": "ours, `auto`, with record formats",
+    "ours_auto_own_formats": "ours, `auto`, with the task's own record formats",
     "nonprivate": "ours, privacy off",
 }
 

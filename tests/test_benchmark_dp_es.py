@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,10 @@ def test_the_protocol_benchmark_runs_end_to_end(tmp_path, monkeypatch) -> None:
         assert "vs_dpes_published" in summary[method] and len(summary[method]["vs_dpes_published_ci"]) == 2
     assert all(np.isfinite(v["score"]) for v in summary.values())
     json.dumps(summary)  # the results file can hold it
+    # Capped at DP-ES's private work (b K T = 180 planned evaluations), auto plans within it.
+    capped = protocol.run_job(protocol.Job("support", "ours_auto_equal_work", 0), _task(), support_engine(), cache)
+    assert capped["planned_private_evaluations"] <= 180 + 1e-9 < rows[-1]["planned_private_evaluations"]
+    assert capped["epsilon_spent"] <= 0.71 + 1e-9
 
 
 def test_the_protocol_compares_an_extra_method_only_on_every_seed_the_grid_completed() -> None:
@@ -124,6 +129,32 @@ def test_the_protocol_compares_an_extra_method_only_on_every_seed_the_grid_compl
     assert summary["methods"]["ours_auto_formats"]["vs_eps0"] == pytest.approx(7 / 8 - 1 / 4)
     with pytest.raises(SystemExit):
         protocol.main(["--methods", "ours_auto,ours_typo", "--work-dir", "unused"])
+
+
+def test_the_protocol_restores_a_results_files_runs_and_runs_only_what_it_lacks(tmp_path, monkeypatch) -> None:
+    # A fresh checkout has no work file: --restore-from extends the committed grid instead of rerunning it.
+    def row(method: str, seed: int) -> dict:
+        return {"task": "t", "method": method, "seed": seed, "test_correct": "1100", "test_score": 0.5, "engine_calls": 1, "seconds": 1.0}
+
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"runs": [row("seed", 0), *(row(m, 0) for m in protocol.METHODS)]}))
+    work = tmp_path / "work"
+    ran: list[str] = []
+    monkeypatch.setattr(protocol, "build_task", lambda name, n_test, data_dir: None)
+
+    def run_job(job, task, engine, cache) -> dict:
+        ran.append(job.key)
+        return row(job.method, job.seed)
+
+    monkeypatch.setattr(protocol, "run_job", run_job)
+    no_model = types.SimpleNamespace(LlamaCppEngine=lambda **_: None)
+    monkeypatch.setitem(sys.modules, "dp_textgrad.engines.llama_cpp", no_model)
+    argv = ["--tasks", "t", "--seeds", "2", "--work-dir", str(work), "--output", str(tmp_path / "out.json")]
+    assert protocol.main([*argv, "--restore-from", str(results)]) == 0
+    assert ran == [f"t/{m}/1" for m in protocol.METHODS]  # seed 0 and the seed prompt came from the file
+    assert protocol.main([*argv, "--restore-from", str(results)]) == 0  # restoring twice adds nothing
+    assert len(protocol.run_records.read_runs(work / "runs.jsonl")) == 1 + 2 * len(protocol.METHODS)
+    assert json.loads((tmp_path / "out.json").read_text())["tasks"]["t"]["seeds"] == [0, 1]
 
 
 def test_selection_fidelity_prices_replace_one_soundly_and_simulates_both_scorers() -> None:
