@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--table", type=Path, default=None, help="print the tables of a results file and stop")
+    parser.add_argument("--restore-from", type=Path, default=None,
+                        help="first copy the runs of a results file (e.g. the committed one) into the work file, "
+                             "so a fresh checkout extends the grid instead of rerunning it")
     parser.add_argument("--cost", type=int, nargs="+", default=None, metavar="TEACHERS",
                         help="measure the cost per answer for these numbers of teachers (seed 0) and stop")
     parser.add_argument("--vote", choices=("token", "span"), default="token", help="--cost: the vote measured")
@@ -334,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work_file = args.work_dir / f"{args.task}.jsonl"
     work_file.parent.mkdir(parents=True, exist_ok=True)
+    if args.restore_from is not None:
+        print(f"{run_records.restore_runs(args.restore_from, work_file, key)} runs restored from {args.restore_from}",
+              flush=True)
     done = {key(r) for r in run_records.read_runs(work_file)}
     from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 

@@ -134,7 +134,8 @@ def test_the_protocol_compares_an_extra_method_only_on_every_seed_the_grid_compl
 def test_the_protocol_restores_a_results_files_runs_and_runs_only_what_it_lacks(tmp_path, monkeypatch) -> None:
     # A fresh checkout has no work file: --restore-from extends the committed grid instead of rerunning it.
     def row(method: str, seed: int) -> dict:
-        return {"task": "t", "method": method, "seed": seed, "test_correct": "1100", "test_score": 0.5, "engine_calls": 1, "seconds": 1.0}
+        return {"task": "t", "method": method, "seed": seed, "test_correct": "1100", "test_score": 0.5,
+                "engine_calls": 1, "seconds": 1.0}
 
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"runs": [row("seed", 0), *(row(m, 0) for m in protocol.METHODS)]}))
