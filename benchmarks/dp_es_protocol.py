@@ -303,13 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     work_file = args.work_dir / "runs.jsonl"
-    if args.restore_from is not None:
-        restored = run_records.restore_runs(args.restore_from, work_file, row_key)
-        print(f"{restored} runs restored from {args.restore_from}", flush=True)
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [m for m in args.methods.split(",") if m and m not in (*METHODS, *EXTRA_METHODS)]
     if unknown:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join((*METHODS, *EXTRA_METHODS))}")
+    # Restored only after the arguments are valid, so a mistyped method leaves the work file as it was.
+    if args.restore_from is not None:
+        restored = run_records.restore_runs(args.restore_from, work_file, row_key)
+        print(f"{restored} runs restored from {args.restore_from}", flush=True)
     if not args.summarise_only:
         if args.engine_url:
             from dp_textgrad.engines.openai_engine import OpenAIEngine

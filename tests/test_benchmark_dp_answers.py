@@ -3,6 +3,11 @@ gains against the public-demonstrations reference, the paired interval, the cost
 
 from __future__ import annotations
 
+import json
+import sys
+import types
+from pathlib import Path
+
 from tests.test_benchmark_generation import load_benchmark
 
 bench = load_benchmark("dp_answers_utility")
@@ -47,11 +52,6 @@ def test_the_paired_interval_holds_the_difference() -> None:
 def test_a_fresh_checkout_restores_the_committed_grid_and_rebuilds_its_summary(tmp_path, monkeypatch) -> None:
     # --restore-from copies a results file's runs into an empty work file: nothing left to run,
     # and the summary rebuilt from the restored runs is the committed one.
-    import json
-    import sys
-    import types
-    from pathlib import Path
-
     committed = Path(bench.__file__).parent / "results" / "dp_answers_support_extract.json"
     stored = json.loads(committed.read_text(encoding="utf-8"))
     monkeypatch.setattr(bench, "run_row", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran a row")))

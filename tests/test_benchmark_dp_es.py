@@ -151,6 +151,9 @@ def test_the_protocol_restores_a_results_files_runs_and_runs_only_what_it_lacks(
     no_model = types.SimpleNamespace(LlamaCppEngine=lambda **_: None)
     monkeypatch.setitem(sys.modules, "dp_textgrad.engines.llama_cpp", no_model)
     argv = ["--tasks", "t", "--seeds", "2", "--work-dir", str(work), "--output", str(tmp_path / "out.json")]
+    with pytest.raises(SystemExit):  # a mistyped method is refused before the work file is touched
+        protocol.main([*argv, "--methods", "ours_defualt", "--restore-from", str(results)])
+    assert not (work / "runs.jsonl").exists()
     assert protocol.main([*argv, "--restore-from", str(results)]) == 0
     assert ran == [f"t/{m}/1" for m in protocol.METHODS]  # seed 0 and the seed prompt came from the file
     assert protocol.main([*argv, "--restore-from", str(results)]) == 0  # restoring twice adds nothing
