@@ -118,6 +118,8 @@ def summarise(
     if reference not in present:
         return {"seeds": [], "schedules": {}, "note": f"no run of the reference schedule {reference} yet"}
     common = sorted(set.intersection(*({r["seed"] for r in rows} for rows in present.values())))
+    if not common:
+        return {"seeds": [], "schedules": {}, "note": "no seed that every schedule completed: nothing to pair"}
     common_nonprivate = [r for r in nonprivate if r["seed"] in common]
     matrices = {
         name: np.asarray([scores(r) for r in sorted(rows, key=lambda r: r["seed"]) if r["seed"] in common])

@@ -58,5 +58,8 @@ def test_the_summary_pairs_every_schedule_with_the_default_on_the_seeds_all_comp
     assert grid["planned_private_evaluations"] == 3 * 4 * 48
     assert summary["schedules"]["T6K6_150"]["vs_T6K6_150"] is None  # the reference itself
     assert "| T3K4_48 | 576 | 0.375 | -0.250" in bench.table(summary)
+    # Schedules with no seed in common are not paired either.
+    apart = bench.summarise({"T6K6_150": runs["T6K6_150"], "T2K4_40": [run(5, [1, 1, 1, 1])]}, seed_row, nonprivate)
+    assert apart["schedules"] == {} and "no seed" in apart["note"]
     # Without the reference schedule there is nothing to pair against.
     assert bench.summarise({"T3K4_48": runs["T3K4_48"]}, seed_row, nonprivate)["schedules"] == {}
