@@ -100,11 +100,6 @@ def schedule_runs(name: str, method: str, grid: dict[str, Any]) -> list[dict[str
     return [r for r in json.loads(path.read_text(encoding="utf-8"))["runs"] if r["method"] == method]
 
 
-def scores(row: dict[str, Any]) -> list[float]:
-    values = row["test_scores"]
-    return json.loads(values) if isinstance(values, str) else list(values)
-
-
 def summarise(
     runs: dict[str, list[dict[str, Any]]],
     seed_row: dict[str, Any],
@@ -122,12 +117,13 @@ def summarise(
         return {"seeds": [], "schedules": {}, "note": "no seed that every schedule completed: nothing to pair"}
     common_nonprivate = [r for r in nonprivate if r["seed"] in common]
     matrices = {
-        name: np.asarray([scores(r) for r in sorted(rows, key=lambda r: r["seed"]) if r["seed"] in common])
+        name: np.asarray([r["test_scores"] for r in sorted(rows, key=lambda r: r["seed"]) if r["seed"] in common])
         for name, rows in present.items()
     }
-    matrices["seed"] = np.asarray([scores(seed_row)])
+    matrices["seed"] = np.asarray([seed_row["test_scores"]])
     if len(common_nonprivate) == len(common):
-        matrices["nonprivate"] = np.asarray([scores(r) for r in sorted(common_nonprivate, key=lambda r: r["seed"])])
+        by_seed = sorted(common_nonprivate, key=lambda r: r["seed"])
+        matrices["nonprivate"] = np.asarray([r["test_scores"] for r in by_seed])
     paired = paired_bootstrap(matrices, reference="seed", ceiling="nonprivate",
                               baselines={name: reference for name in present if name != reference})  # fmt: skip
     schedules: dict[str, Any] = {}

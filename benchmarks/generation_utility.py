@@ -61,6 +61,7 @@ DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "generation_utility"
 REGIME = "snips"
 METHODS = ("seed", "kshot", "nonprivate", "dp_gaussian_eps4", "dp_gaussian_eps1", "tgd")
 EPSILONS = (1.0, 4.0)
+SUPPORT_EXTRACT_N_PRIVATE = 600  # the built-in task's own private set
 # Issue 34: non-private DP-ES beats the seed by a paired interval above zero, and DP at
 # epsilon 4 keeps at least 0.8 of that gain (point estimate, 5 seeds).
 RETAINED_TARGET = {"dp_gaussian_eps4": 0.8}
@@ -508,6 +509,10 @@ TASK_TITLES = {
 }
 
 
+def default_n_private(task: str) -> int:
+    return SUPPORT_EXTRACT_N_PRIVATE if task == "support_extract" else Schedule.n_private
+
+
 def write_summary(
     rows: list[dict[str, Any]], output: Path, schedule: Schedule, command: str, regime: str = REGIME
 ) -> dict[str, Any]:
@@ -576,7 +581,13 @@ def main(argv: list[str] | None = None, engine: Any = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument("--test-records", type=int, default=None, help="a slice of the test split (default: all 700)")
-    parser.add_argument("--n-private", type=int, default=Schedule.n_private)
+    parser.add_argument(
+        "--n-private",
+        type=int,
+        default=None,
+        help=f"private records (default: {Schedule.n_private} for snips, "
+        f"{SUPPORT_EXTRACT_N_PRIVATE} for support_extract)",
+    )
     parser.add_argument("--records", type=int, default=Schedule.records)
     parser.add_argument("--generations", type=int, default=Schedule.generations)
     parser.add_argument("--population", type=int, default=Schedule.population)
@@ -602,7 +613,8 @@ def main(argv: list[str] | None = None, engine: Any = None) -> int:
         parser.error(f"--methods: unknown {unknown}; choose from {','.join(METHODS)}")
     schedule = replace(
         Schedule(),
-        n_private=args.n_private,
+        # Each task's own default, so that the results file records the private set the runs used.
+        n_private=default_n_private(args.task) if args.n_private is None else args.n_private,
         n_test=args.test_records,
         records=args.records,
         generations=args.generations,
@@ -641,7 +653,7 @@ def main(argv: list[str] | None = None, engine: Any = None) -> int:
         if args.task == "support_extract":
             from dp_textgrad.tasks.support_extract import make_support_extract_task
 
-            extract = make_support_extract_task(seed=0)
+            extract = make_support_extract_task(n_private=schedule.n_private, seed=0)
             if schedule.n_test is not None:
                 extract = replace(extract, test=extract.test[: schedule.n_test])
             task = extract

@@ -136,3 +136,19 @@ def test_gsm8k_schedule_needs_one_engine(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--data-dir", str(tmp_path)])
     assert "give either --local or --model" in capsys.readouterr().err
+
+
+def test_generation_grid_records_the_private_set_the_extraction_task_ran_with(tmp_path: Path) -> None:
+    """The built-in task's runs used 600 private records once while the results file said SNIPS's 2,000."""
+    from dp_textgrad.engines.scripted import ScriptedEngine
+
+    bench = load_benchmark("generation_utility")
+    assert bench.default_n_private("support_extract") == 600 and bench.default_n_private("snips") == 2000
+    output = tmp_path / "out.json"
+    argv = ["--task", "support_extract", "--work-dir", str(tmp_path / "work"), "--output", str(output)]
+    argv += ["--methods", "dp_gaussian_eps1", "--seeds", "1", "--test-records", "3", "--n-private", "30"]
+    argv += ["--records", "6", "--generations", "1", "--population", "2", "--parents", "1"]
+    assert bench.main(argv, engine=ScriptedEngine(lambda prompt, system: "12345")) == 0
+    result = json.loads(output.read_text())
+    assert result["schedule"]["n_private"] == 30
+    assert [r["dataset_size"] for r in result["runs"]] == [30]
