@@ -61,7 +61,6 @@ DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "generation_utility"
 REGIME = "snips"
 METHODS = ("seed", "kshot", "nonprivate", "dp_gaussian_eps4", "dp_gaussian_eps1", "tgd")
 EPSILONS = (1.0, 4.0)
-SUPPORT_EXTRACT_N_PRIVATE = 600  # the built-in task's own private set
 # Issue 34: non-private DP-ES beats the seed by a paired interval above zero, and DP at
 # epsilon 4 keeps at least 0.8 of that gain (point estimate, 5 seeds).
 RETAINED_TARGET = {"dp_gaussian_eps4": 0.8}
@@ -510,6 +509,8 @@ TASK_TITLES = {
 
 
 def default_n_private(task: str) -> int:
+    from dp_textgrad.tasks.support_extract import SUPPORT_EXTRACT_N_PRIVATE
+
     return SUPPORT_EXTRACT_N_PRIVATE if task == "support_extract" else Schedule.n_private
 
 
@@ -586,7 +587,7 @@ def main(argv: list[str] | None = None, engine: Any = None) -> int:
         type=int,
         default=None,
         help=f"private records (default: {Schedule.n_private} for snips, "
-        f"{SUPPORT_EXTRACT_N_PRIVATE} for support_extract)",
+        f"{default_n_private('support_extract')} for support_extract)",
     )
     parser.add_argument("--records", type=int, default=Schedule.records)
     parser.add_argument("--generations", type=int, default=Schedule.generations)

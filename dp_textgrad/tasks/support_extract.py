@@ -56,6 +56,7 @@ SUPPORT_EXTRACT_TEMPLATE = "Message: {text}\nAnswer:"
 SUPPORT_EXTRACT_SEED_PROMPT = "Read the message."
 # An answer is one line of at most 12 digits and two separators (about 14 model tokens).
 SUPPORT_EXTRACT_MAX_NEW_TOKENS = 20
+SUPPORT_EXTRACT_N_PRIVATE = 600
 SUPPORT_EXTRACT_STOP = ("\n",)
 # Record formats the search may try besides the template: the task's own field names, as a
 # DSPy signature would name them (public; tasks.record_format). With the same demonstrations they
@@ -143,7 +144,7 @@ def _check_count(name: str, value: int, minimum: int) -> None:
 
 def make_support_extract_task(
     seed: int = 0,
-    n_private: int = 600,
+    n_private: int = SUPPORT_EXTRACT_N_PRIVATE,
     n_public: int = 40,
     n_test: int = 200,
     public_inputs: int = 0,
