@@ -73,6 +73,7 @@ EPSILON, DELTA, N = 0.71, 1e-5, 200
 METHODS = ("eps0", "dpes_published", "ours_default", "ours_auto", "nonprivate")
 # Compared where they ran on every seed the core methods completed; run only when named.
 EXTRA_METHODS = ("ours_auto_equal_work", "ours_auto_formats", "ours_auto_own_formats")
+ABLATED = "ours_auto"  # each extra method changes one thing of this one; their paired difference is reported
 TASKS = ("sst2", "banking10", "support_extract")
 
 
@@ -242,7 +243,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         table = {}
         for reference in ("dpes_published", "eps0"):
             if reference in outcomes:
-                boot = paired_bootstrap(outcomes, reference=reference, ceiling="nonprivate")
+                boot = paired_bootstrap(
+                    outcomes, reference=reference, ceiling="nonprivate", baselines=dict.fromkeys(EXTRA_METHODS, ABLATED)
+                )
                 for method, stats in boot.items():
                     entry = table.setdefault(
                         method,
@@ -255,6 +258,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     if f"vs_{reference}" in stats:
                         entry[f"vs_{reference}"] = stats[f"vs_{reference}"]
                         entry[f"vs_{reference}_ci"] = stats[f"vs_{reference}_ci"]
+                    if "vs_baseline" in stats:  # the same draws whichever reference: keep the first
+                        entry.setdefault(f"vs_{ABLATED}", stats["vs_baseline"])
+                        entry.setdefault(f"vs_{ABLATED}_ci", stats["vs_baseline_ci"])
         for method, entry in table.items():
             runs = [r for r in mine if r["method"] == method]
             for field in ("sampling_rate", "noise_multiplier", "epsilon_spent", "planned_private_evaluations"):
@@ -402,6 +408,13 @@ def markdown_tables(tasks: dict[str, Any]) -> str:
                 f"{diff(entry, 'vs_dpes_published')} | {diff(entry, 'vs_eps0')} | {q} | {eps} | "
                 f"{entry['engine_calls_mean']:.0f} |"
             )
+        ablations = [
+            f"{LABELS.get(method, method)} {diff(entry, f'vs_{ABLATED}')}"
+            for method, entry in values["methods"].items()
+            if f"vs_{ABLATED}" in entry
+        ]
+        if ablations:
+            out += ["", f"Paired against {LABELS[ABLATED]}: " + "; ".join(ablations) + "."]
         out.append("")
     return "\n".join(out)
 

@@ -127,6 +127,12 @@ def test_the_protocol_compares_an_extra_method_only_on_every_seed_the_grid_compl
     summary = protocol.summarise([*rows, row("ours_auto_formats", 1, "1111")])["t"]
     assert summary["methods"]["ours_auto_formats"]["score"] == pytest.approx(7 / 8)
     assert summary["methods"]["ours_auto_formats"]["vs_eps0"] == pytest.approx(7 / 8 - 1 / 4)
+    # An extra method is an ablation of ``ours_auto``: its paired difference to it is kept and printed.
+    assert summary["methods"]["ours_auto_formats"]["vs_ours_auto"] == pytest.approx(7 / 8 - 1 / 2)
+    assert "vs_ours_auto" not in summary["methods"]["ours_default"]
+    assert "Paired against ours, `auto`: ours, `auto`, with record formats +0.375 [" in protocol.markdown_tables(
+        {"t": summary}
+    )
     with pytest.raises(SystemExit):
         protocol.main(["--methods", "ours_auto,ours_typo", "--work-dir", "unused"])
 
