@@ -49,7 +49,7 @@ def test_kill_nine_engine_failures_and_a_full_disk_lose_nothing(tmp_path) -> Non
     assert tally.losses == 0
     assert tally.kills >= 55, tally.as_dict()
     assert tally.store_ahead >= 1, "no kill landed between the store's write and the ledger's"
-    assert tally.engine_failures >= 4 and tally.disk_failures >= 4, tally.as_dict()
+    assert tally.engine_failures >= 2 and tally.disk_failures >= 2, tally.as_dict()
     # How many kills land before the first charge depends on timing (58 of 114 on a CI run,
     # which left 492 entries to check): the floor only asserts that resumes were exercised.
     assert tally.resumes >= 40 and tally.entries_checked >= 250, tally.as_dict()
