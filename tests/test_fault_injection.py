@@ -49,6 +49,9 @@ def test_kill_nine_engine_failures_and_a_full_disk_lose_nothing(tmp_path) -> Non
     assert tally.losses == 0
     assert tally.kills >= 55, tally.as_dict()
     assert tally.store_ahead >= 1, "no kill landed between the store's write and the ledger's"
+    # 8 trials of each kind in all, and not every one exits non-zero; the failure points drawn move with
+    # timing (settle() draws a resume only when a kill landed after the first checkpoint). A CI run
+    # had 3 engine failures (2026-12-06): the floor asserts that the fault was exercised.
     assert tally.engine_failures >= 2 and tally.disk_failures >= 2, tally.as_dict()
     # How many kills land before the first charge depends on timing (58 of 114 on a CI run,
     # which left 492 entries to check): the floor only asserts that resumes were exercised.
