@@ -30,6 +30,8 @@ Tasks: ``sst2`` (200 records of train.tsv; test: the first ``--n-test`` of dev.t
 test split), ``support_extract`` (the built-in generation task, exact match). Each run's
 per-record test outcomes are kept, so the summary gives paired bootstrap intervals (test records
 and seeds resampled together) of every method against DP-ES and against the epsilon-0 control.
+An extra method run on fewer of the completed seeds than the core methods (they are costly) is
+compared on its own seeds only, every method restricted to them, and its row names those seeds.
 
     python benchmarks/dp_es_protocol.py --seeds 3                  # resumable (runs/benchmarks/dp_es_protocol)
     python benchmarks/dp_es_protocol.py --summarise-only           # rebuild the results file
@@ -71,7 +73,7 @@ DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "dp_es_protocol.json"
 DEFAULT_WORK_DIR = REPO_ROOT / "runs" / "benchmarks" / "dp_es_protocol"
 EPSILON, DELTA, N = 0.71, 1e-5, 200
 METHODS = ("eps0", "dpes_published", "ours_default", "ours_auto", "nonprivate")
-# Compared where they ran on every seed the core methods completed; run only when named.
+# Run only when named; compared on the seeds (of those the core methods completed) they ran on.
 EXTRA_METHODS = ("ours_auto_equal_work", "ours_auto_formats", "ours_auto_own_formats")
 ABLATED = "ours_auto"  # each extra method changes one thing of this one; their paired difference is reported
 TASKS = ("sst2", "banking10", "support_extract")
@@ -218,51 +220,70 @@ def plan_jobs(tasks: list[str], methods: list[str], seeds: int) -> list[Job]:
     return jobs
 
 
+def _compare(mine: list[dict[str, Any]], methods: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Paired bootstrap of ``methods`` (their runs in ``mine``) against DP-ES and against the epsilon-0 control."""
+    outcomes = {}
+    for method in ("seed", *methods):
+        runs = [r for r in mine if r["method"] == method]
+        if runs:
+            outcomes[method] = np.stack([decode_outcomes(r["test_correct"]) for r in runs])
+    table: dict[str, dict[str, Any]] = {}
+    for reference in ("dpes_published", "eps0"):
+        if reference in outcomes:
+            boot = paired_bootstrap(
+                outcomes, reference=reference, ceiling="nonprivate", baselines=dict.fromkeys(EXTRA_METHODS, ABLATED)
+            )
+            for method, stats in boot.items():
+                entry = table.setdefault(
+                    method,
+                    {
+                        "score": stats["accuracy"],
+                        "score_ci": stats["accuracy_ci"],
+                        "runs": int(outcomes[method].shape[0]),
+                    },
+                )
+                if f"vs_{reference}" in stats:
+                    entry[f"vs_{reference}"] = stats[f"vs_{reference}"]
+                    entry[f"vs_{reference}_ci"] = stats[f"vs_{reference}_ci"]
+                if "vs_baseline" in stats:  # the same draws whichever reference: keep the first
+                    entry.setdefault(f"vs_{ABLATED}", stats["vs_baseline"])
+                    entry.setdefault(f"vs_{ABLATED}_ci", stats["vs_baseline_ci"])
+    return table
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in sorted({r["task"] for r in rows}):
         mine = [r for r in rows if r["task"] == name]
-        # Only seeds every method ran are compared: an unfinished seed (a time limit) would weight
+        # Only seeds every core method ran are compared: an unfinished seed (a time limit) would weight
         # the methods' means over different seeds.
-        methods = {r["method"] for r in mine if r["method"] in METHODS}
+        methods = tuple(m for m in METHODS if any(r["method"] == m for r in mine))
         complete = sorted(
             s
             for s in {r["seed"] for r in mine if r["method"] != "seed"}
-            if {r["method"] for r in mine if r["seed"] == s} >= methods
+            if {r["method"] for r in mine if r["seed"] == s} >= set(methods)
         )
-        extra = {m for m in EXTRA_METHODS if {r["seed"] for r in mine if r["method"] == m} >= set(complete)}
-        kept = [r for r in mine if r["method"] == "seed" or (r["seed"] in complete and r["method"] in methods | extra)]
+        ran = {m: sorted({r["seed"] for r in mine if r["method"] == m} & set(complete)) for m in EXTRA_METHODS}
+        everywhere = tuple(m for m in EXTRA_METHODS if complete and ran[m] == complete)
+        kept = [
+            r for r in mine if r["method"] == "seed" or (r["seed"] in complete and r["method"] in methods + everywhere)
+        ]
+        table = _compare(kept, methods + everywhere)
+        # An extra method (costly, run only when named) may cover fewer of those seeds. It is then
+        # compared on its own seeds only, every core method restricted to them too, so no
+        # difference mixes seeds of different difficulty; its entry names those seeds.
+        for extra in EXTRA_METHODS:
+            seeds = ran[extra]
+            if not seeds or extra in everywhere:
+                continue
+            subset = [r for r in kept if r["method"] == "seed" or r["seed"] in seeds]
+            subset += [r for r in mine if r["method"] == extra and r["seed"] in seeds]
+            table[extra] = {**_compare(subset, (*methods, extra))[extra], "seeds": seeds}
+            kept += [r for r in mine if r["method"] == extra and r["seed"] in seeds]
         left_out = [r for r in mine if r not in kept]
-        mine = kept
-        seed_bits = next((r["test_correct"] for r in mine if r["method"] == "seed"), None)
-        outcomes = {}
-        for method in ("seed", *METHODS, *EXTRA_METHODS):
-            runs = [r for r in mine if r["method"] == method]
-            if runs:
-                outcomes[method] = np.stack([decode_outcomes(r["test_correct"]) for r in runs])
-        table = {}
-        for reference in ("dpes_published", "eps0"):
-            if reference in outcomes:
-                boot = paired_bootstrap(
-                    outcomes, reference=reference, ceiling="nonprivate", baselines=dict.fromkeys(EXTRA_METHODS, ABLATED)
-                )
-                for method, stats in boot.items():
-                    entry = table.setdefault(
-                        method,
-                        {
-                            "score": stats["accuracy"],
-                            "score_ci": stats["accuracy_ci"],
-                            "runs": int(outcomes[method].shape[0]),
-                        },
-                    )
-                    if f"vs_{reference}" in stats:
-                        entry[f"vs_{reference}"] = stats[f"vs_{reference}"]
-                        entry[f"vs_{reference}_ci"] = stats[f"vs_{reference}_ci"]
-                    if "vs_baseline" in stats:  # the same draws whichever reference: keep the first
-                        entry.setdefault(f"vs_{ABLATED}", stats["vs_baseline"])
-                        entry.setdefault(f"vs_{ABLATED}_ci", stats["vs_baseline_ci"])
+        seed_bits = next((r["test_correct"] for r in kept if r["method"] == "seed"), None)
         for method, entry in table.items():
-            runs = [r for r in mine if r["method"] == method]
+            runs = [r for r in kept if r["method"] == method]
             for field in ("sampling_rate", "noise_multiplier", "epsilon_spent", "planned_private_evaluations"):
                 values = [r[field] for r in runs if r.get(field) is not None]
                 if values:
@@ -399,17 +420,24 @@ def markdown_tables(tasks: dict[str, Any]) -> str:
             "| method | runs | test score [95% CI] | vs DP-ES published | vs epsilon-0 | q | epsilon | engine calls |",
             "|---|---|---|---|---|---|---|---|",
         ]
+
+        def label(method: str, entry: dict[str, Any]) -> str:
+            if "seeds" not in entry:
+                return LABELS.get(method, method)
+            seeds = ("seeds " if len(entry["seeds"]) > 1 else "seed ") + ", ".join(map(str, entry["seeds"]))
+            return f"{LABELS.get(method, method)} ({seeds} only, compared on them)"
+
         for method, entry in values["methods"].items():
             low, high = entry["score_ci"]
             q = f"{entry['sampling_rate']:.2f}" if "sampling_rate" in entry else ""
             eps = f"{entry['epsilon_spent']:.3f}" if "epsilon_spent" in entry else ""
             out.append(
-                f"| {LABELS.get(method, method)} | {entry['runs']} | {entry['score']:.3f} [{low:.3f}, {high:.3f}] | "
+                f"| {label(method, entry)} | {entry['runs']} | {entry['score']:.3f} [{low:.3f}, {high:.3f}] | "
                 f"{diff(entry, 'vs_dpes_published')} | {diff(entry, 'vs_eps0')} | {q} | {eps} | "
                 f"{entry['engine_calls_mean']:.0f} |"
             )
         ablations = [
-            f"{LABELS.get(method, method)} {diff(entry, f'vs_{ABLATED}')}"
+            f"{label(method, entry)} {diff(entry, f'vs_{ABLATED}')}"
             for method, entry in values["methods"].items()
             if f"vs_{ABLATED}" in entry
         ]
