@@ -276,8 +276,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             seeds = ran[extra]
             if not seeds or extra in everywhere:
                 continue
-            subset = [r for r in kept if r["method"] == "seed" or r["seed"] in seeds]
-            subset += [r for r in mine if r["method"] == extra and r["seed"] in seeds]
+            subset = [
+                r for r in mine if r["method"] == "seed" or (r["seed"] in seeds and r["method"] in (*methods, extra))
+            ]
             table[extra] = {**_compare(subset, (*methods, extra))[extra], "seeds": seeds}
             kept += [r for r in mine if r["method"] == extra and r["seed"] in seeds]
         left_out = [r for r in mine if r not in kept]
