@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -252,3 +253,36 @@ def test_the_record_format_benchmark_writes_one_prompt_per_format_and_draw_and_p
     assert summary["other"]["vs_task_template"] == pytest.approx(0.25)
     low, high = summary["other"]["vs_task_template_ci"]
     assert 0.0 <= low <= 0.25 <= high <= 1.0  # one record of four differs
+
+
+# autodp's own optimiser warns while pricing DP-ES's plan at this tiny N (its figure is still finite).
+@pytest.mark.filterwarnings("ignore:invalid value encountered in scalar divide:RuntimeWarning")
+def test_the_protocol_runs_gsm8k_against_an_openai_compatible_endpoint(tmp_path, monkeypatch) -> None:
+    # The GSM8K command of docs/benchmarks.md (--tasks gsm8k --engine-url URL --model NAME), end to
+    # end over HTTP on loopback: every method of the protocol, one seed, a tiny GSM8K in the data layout.
+    pytest.importorskip("autodp")
+    from tests.servers import FaultServer
+    from tests.tasks.test_benchmark_generation import write_tiny_data
+
+    def solve(content: str) -> str:  # the fake model adds the last question's numbers
+        asked = re.findall(r"What is (\d+) plus", content)
+        return f" {2 * int(asked[-1])}" if asked else " no idea"
+
+    monkeypatch.setattr(protocol, "N", 24)
+    root = write_tiny_data(tmp_path / "data", gsm_train=40)
+    output, work = tmp_path / "gsm8k.json", tmp_path / "work"
+    with FaultServer(reply=solve) as server:
+        argv = ["--tasks", "gsm8k", "--engine-url", server.base_url, "--model", "capable-model", "--seeds", "1",
+                "--n-test", "4", "--data-dir", str(root), "--work-dir", str(work), "--output", str(output)]
+        assert protocol.main(argv) == 0
+    paths = {request.path for request in server.requests}
+    assert paths == {"/v1/chat/completions"}, paths  # the endpoint did the work, as a chat model
+    assert {request.body["model"] for request in server.requests} == {"capable-model"}
+    summary = json.loads(output.read_text())["tasks"]["gsm8k"]
+    assert summary["seeds"] == [0] and set(summary["methods"]) == {"seed", *protocol.METHODS}
+    for method, values in summary["methods"].items():
+        assert values["score"] == pytest.approx(1.0), method  # the numeric metric read every answer
+    for method in ("ours_default", "ours_auto"):  # calibrated to the protocol's epsilon at this N
+        assert 0.5 < summary["methods"][method]["epsilon_spent"] <= 0.71 + 1e-9
+    # DP-ES keeps its published noise, so at N = 24 its 10-record batches cost more than at 200.
+    assert summary["methods"]["dpes_published"]["epsilon_spent"] > 0.71
