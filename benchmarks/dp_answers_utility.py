@@ -34,6 +34,7 @@ answers are voted. Paired bootstrap intervals (test records and seeds resampled 
     python benchmarks/dp_answers_utility.py --table benchmarks/results/dp_answers_support_extract.json
     python benchmarks/dp_answers_utility.py --cost 10 30 60 --queries 2 --epsilons 1 4   # idle machine
     python benchmarks/dp_answers_utility.py --cost 10 30 60 --queries 2 --epsilons 1 4 --vote span
+    python benchmarks/dp_answers_utility.py --task snips --cost 10 30 60 --queries 2 --epsilons 4 --candidates 64
 """
 
 from __future__ import annotations
@@ -316,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost", type=int, nargs="+", default=None, metavar="TEACHERS",
                         help="measure the cost per answer for these numbers of teachers (seed 0) and stop")
     parser.add_argument("--vote", choices=("token", "span"), default="token", help="--cost: the vote measured")
+    parser.add_argument("--saved-prefix-mib", type=int, default=None,
+                        help="the engine's memory for saved prefix states (default: the engine's 256 MiB; the "
+                             "token vote holds every teacher's prefix over it in any case)")
     args = parser.parse_args(argv)
     if args.table is not None:
         print(table(json.loads(args.table.read_text(encoding="utf-8"))))
@@ -323,10 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     defaults = {"support_extract": (600, 100), "snips": (2000, 200)}[args.task]
     setup = Setup(task=args.task, n_private=args.n_private or defaults[0], n_test=args.n_test or defaults[1],
                   queries=args.queries, teachers=args.teachers, candidates=args.candidates)
+    engine_options = {} if args.saved_prefix_mib is None else {"saved_prefix_bytes": args.saved_prefix_mib * 2**20}
     if args.cost is not None:
         from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
-        engine = LlamaCppEngine()
+        engine = LlamaCppEngine(**engine_options)
         rows = cost_sweep(build_task(setup, 0, args.data_dir), engine, setup, args.cost, args.epsilons, args.vote)
         suffix = "" if args.vote == "token" else "_span"
         output = args.output or REPO_ROOT / "benchmarks" / "results" / f"dp_answers_cost_{args.task}{suffix}.json"
@@ -343,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     done = {key(r) for r in run_records.read_runs(work_file)}
     from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
-    engine = LlamaCppEngine()
+    engine = LlamaCppEngine(**engine_options)
     for seed in range(args.seeds):
         task = build_task(setup, seed, args.data_dir)
         for row in args.rows:

@@ -33,6 +33,7 @@ demonstrations (inputs public, answers DP outputs) in a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -430,9 +431,13 @@ def dp_answers(
         opened.append(query)
         return query
 
-    raw = answer_by_vote(
-        ledger, plan.mechanism, task.private_train, key, plan.teachers, plan.queries, open_query, noise, label
-    )
+    # Every step asks each teacher's prefix in turn, and the public one: an engine that keeps
+    # prefixes (the local one) must keep them all, or each call decodes its prefix again.
+    hold = getattr(engine, "hold_prefixes", None)
+    with hold(plan.teachers + 1) if callable(hold) else contextlib.nullcontext():
+        raw = answer_by_vote(
+            ledger, plan.mechanism, task.private_train, key, plan.teachers, plan.queries, open_query, noise, label
+        )
     if synthetic:
         pairs = [text.split(INPUT_END, 1) if INPUT_END in text else ["", ""] for text in raw]
         inputs = [pair[0].strip() for pair in pairs]

@@ -52,9 +52,10 @@ unless a cache directory is given explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
     ``cache``: ``None`` (default, nothing cached), ``"memory"``, a directory, or a
     ``GenerationCache``; sampling calls without a seed are never served from it.
     ``saved_prefix_bytes``: memory for the KV states of recent long prefixes (default
-    256 MB; 0 keeps none).
+    256 MB; 0 keeps none); :meth:`hold_prefixes` keeps more for a while.
 
     Generation: temperature 0 is greedy (deterministic); temperature > 0 samples with
     the call's ``seed``, or else with a seed drawn from the engine's seed sequence.
@@ -579,6 +580,29 @@ class LlamaCppEngine(LlamaPlumbing, Engine):
         return bool(self._lib.llama_vocab_is_eog(self._lib.llama_model_get_vocab(self._llm.model), token))
 
     # -- scoring --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def hold_prefixes(self, count: int) -> Iterator[None]:
+        """Within the block, keep the saved states of at least the ``count`` most recent long
+        prefixes, over ``saved_prefix_bytes`` if need be; after it, evict back to that limit.
+
+        For a caller that asks the same ``count`` prefixes in turn, as the token vote asks every
+        teacher at every step: a least-recently-used memory holding fewer than ``count`` evicts
+        each prefix just before it is asked again, and every call decodes its prefix anew. The
+        memory held is ``count`` states: with Gemma 3 270M a prefix of 130 tokens saves 3.3 MB (its
+        keys and values, and 1 MB of last-position logits), so the default 256 MB holds about 75.
+        Nothing is held when ``saved_prefix_bytes`` is 0."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"count: must be an integer >= 1, got {count!r}")
+        with self._lock:
+            previous = self._saved_prefixes.min_entries
+            self._saved_prefixes.min_entries = max(previous, count)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._saved_prefixes.min_entries = previous
+                self._saved_prefixes.trim()
+
     def score_choices_batch(self, prefix: str, suffixes: Sequence[str], choices: Sequence[str]) -> np.ndarray:
         if not choices:
             raise ValueError("choices: need at least one choice")

@@ -39,6 +39,10 @@ class SavedPrefixes:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
+        # A caller that asks the same prefixes in turn (a token vote asks every teacher at every
+        # step) needs them all kept: an LRU map smaller than the cycle evicts each prefix just
+        # before its next use. At least this many stay, over max_bytes if need be (see hold).
+        self.min_entries = 0
         # Keys: a prefix's token ids, or ("group", the group's prefixes, sequence) for generate_for_prefixes.
         self._states: OrderedDict[Hashable, tuple[ctypes.Array, np.ndarray]] = OrderedDict()
         self._bytes = 0
@@ -53,11 +57,18 @@ class SavedPrefixes:
         size = len(state) + row.nbytes
         if size > self.max_bytes or prefix_ids in self._states:
             return
-        while self._states and self._bytes + size > self.max_bytes:
-            _, (old_state, old_row) = self._states.popitem(last=False)
-            self._bytes -= len(old_state) + old_row.nbytes
+        self._evict(size)
         self._states[prefix_ids] = (state, row)
         self._bytes += size
+
+    def trim(self) -> None:
+        """Evict the least recently used down to ``max_bytes`` (after ``min_entries`` was lowered)."""
+        self._evict(0)
+
+    def _evict(self, incoming: int) -> None:
+        while self._states and len(self._states) >= self.min_entries and self._bytes + incoming > self.max_bytes:
+            _, (old_state, old_row) = self._states.popitem(last=False)
+            self._bytes -= len(old_state) + old_row.nbytes
 
     def clear(self) -> None:
         self._states.clear()

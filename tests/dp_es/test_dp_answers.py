@@ -5,6 +5,7 @@ answers become the search's demonstrations, a resumed run reads them back, and t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -138,6 +139,39 @@ def test_a_resumed_run_reads_its_answers_back_and_never_answers_again(answered, 
     read = labelling_phase.read_labels(RunDir(run_dir))
     assert read is not None and read.examples
     assert all(isinstance(e, GenerationExample) and isinstance(e.reference, str) for e in read.examples)
+
+
+class HoldingGenerator(TeacherGenerator):
+    """Keeps prefixes as the local engine does: it records what the vote asks it to hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holds: list[int] = []
+        self.holding = 0
+        self.teacher_calls_held: list[bool] = []
+
+    @contextlib.contextmanager
+    def hold_prefixes(self, count: int):
+        self.holds.append(count)
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+
+    def score_choices_batch(self, prefix, suffixes, choices):
+        if "Input:" in prefix.rsplit("\n\n", 1)[-1]:
+            self.teacher_calls_held.append(self.holding > 0)
+        return super().score_choices_batch(prefix, suffixes, choices)
+
+
+def test_the_vote_asks_the_engine_to_hold_every_teacher_s_prefix(tmp_path) -> None:
+    engine = HoldingGenerator()
+    dp_textgrad.optimize(answers_task(), engine, runs_root=tmp_path, dataset_size=200, **SETTINGS)
+    # Every teacher's prefix and the public proposal's, for the whole vote and only for it.
+    assert engine.holds == [LABELLING["teachers"] + 1]
+    assert engine.teacher_calls_held and all(engine.teacher_calls_held)
+    assert engine.holding == 0
 
 
 def test_an_answer_cut_at_a_stop_string_keeps_what_comes_before() -> None:

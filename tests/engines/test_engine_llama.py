@@ -195,6 +195,57 @@ def test_saved_prefixes_evict_the_least_recently_used_within_the_byte_limit() ->
     assert len(saved) == 0
 
 
+def test_held_saved_prefixes_stay_over_the_byte_limit_until_released() -> None:
+    import ctypes
+
+    from dp_textgrad.engines.llama_kv import SavedPrefixes
+
+    row = np.zeros(4, dtype=np.float32)
+    saved = SavedPrefixes(max_bytes=100)  # room for two states of 40 bytes
+    saved.min_entries = 4
+    for key in range(6):  # a cycle of 6 with 4 held: the 4 most recent stay
+        saved.put((key,), (ctypes.c_uint8 * 24)(), row)
+    assert len(saved) == 4 and all(saved.get((key,)) is not None for key in (2, 3, 4, 5))
+    assert saved.get((0,)) is None and saved.get((1,)) is None
+    saved.min_entries = 0
+    saved.trim()  # released: back within the limit, the least recent out
+    assert len(saved) == 2 and saved.get((4,)) is not None and saved.get((5,)) is not None
+
+
+@pytest.mark.slow
+def test_held_prefixes_asked_in_turn_are_decoded_once() -> None:
+    # Room for fewer than three saved states: three long prefixes asked in turn are all decoded
+    # again every round (each evicted just before its next use) unless the engine holds them.
+    prefixes = [f"Teacher {i}: " + PREFIX * 5 for i in range(3)]
+    engine = LlamaCppEngine(n_ctx=512, n_threads=1, saved_prefix_bytes=5 * 2**20)
+    try:
+        prefix_tokens = [len(engine.tokenize(p, bos=True)) for p in prefixes]
+        assert min(prefix_tokens) >= 64  # long enough to be saved
+
+        def one_round() -> tuple[int, list[np.ndarray]]:
+            before = engine.kv_stats.tokens_decoded
+            scores = [engine.score_choices_batch(p, SUFFIXES[:1], CHOICES) for p in prefixes]
+            return engine.kv_stats.tokens_decoded - before, scores
+
+        suffix_tokens = len(engine.tokenize(SUFFIXES[0], bos=False))
+        one_round()
+        decoded, unheld = one_round()
+        assert decoded == sum(prefix_tokens) + 3 * suffix_tokens  # every prefix decoded again
+        with engine.hold_prefixes(3):
+            one_round()
+            decoded, held = one_round()
+            assert decoded == 3 * suffix_tokens  # every prefix restored, none decoded
+        for a, b in zip(unheld, held, strict=True):
+            np.testing.assert_array_equal(a, b)
+        saved = engine._saved_prefixes
+        assert len(saved) < 3 and saved._bytes <= saved.max_bytes  # released: back within the byte limit
+        with pytest.raises(ValueError, match="count"):
+            with engine.hold_prefixes(0):
+                pass
+    finally:
+        engine.close()
+
+
 @pytest.mark.slow
 def test_multi_token_choices_add_continuation_logprobs(llama_engine: LlamaCppEngine) -> None:
     engine = llama_engine
