@@ -41,7 +41,8 @@ class SavedPrefixes:
         self.max_bytes = max_bytes
         # A caller that asks the same prefixes in turn (a token vote asks every teacher at every
         # step) needs them all kept: an LRU map smaller than the cycle evicts each prefix just
-        # before its next use. At least this many stay, over max_bytes if need be (see hold).
+        # before its next use. At least this many stay, over max_bytes if need be
+        # (LlamaCppEngine.hold_prefixes sets it for the length of a block).
         self.min_entries = 0
         # Keys: a prefix's token ids, or ("group", the group's prefixes, sequence) for generate_for_prefixes.
         self._states: OrderedDict[Hashable, tuple[ctypes.Array, np.ndarray]] = OrderedDict()
