@@ -415,12 +415,18 @@ def dp_answers(
     proposal = public_prompt(task, prompt, max_demos)
 
     opened: list[TeacherAnswers | SpanTeacherAnswers] = []
+    # The teachers' prompts of the last partition: without subsampling every answer has the same one.
+    built: list[tuple[TeacherPartition[Any], list[str | None]]] = []
 
     def open_query(index: int, partition: TeacherPartition[Any]) -> TeacherAnswers | SpanTeacherAnswers:
-        prompts = [
-            teacher_prompt(task, group, prompt, max_demos, key=key, count_tokens=count, max_prefix_tokens=cap)
-            for group in partition.groups()
-        ]
+        if built and built[0][0] is partition:
+            prompts = built[0][1]
+        else:
+            prompts = [
+                teacher_prompt(task, group, prompt, max_demos, key=key, count_tokens=count, max_prefix_tokens=cap)
+                for group in partition.groups()
+            ]
+            built[:] = [(partition, prompts)]
         query: TeacherAnswers | SpanTeacherAnswers
         if vote == "span":
             query = SpanTeacherAnswers(engine, task, inputs[index], prompts, span_tokens)

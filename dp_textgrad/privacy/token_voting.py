@@ -173,16 +173,18 @@ def answer_by_vote(
     queries = positive_int(queries, "queries")
     teachers = positive_int(teachers, "teachers")
     _charge(ledger, mechanism, queries, teachers, label)
+    # Without subsampling every answer's teachers are the same groups: partition once.
+    whole = partition_teachers(dataset, key, teachers) if mechanism.sampling_rate == 1.0 else None
     answers: list[str] = []
     for index in range(queries):
-        if mechanism.sampling_rate == 1.0:
-            sample: Any = dataset
+        if whole is not None:
+            partition = whole
         else:
             # A child generator per answer (spawned: no draw from the parent's stream), so that how
             # many records one answer's draw covered never moves the next answer's draws.
             generator = noise.sampling_generator.spawn(1)[0]
-            sample = dataset.poisson_subsample(mechanism.sampling_rate, generator)
-        query = open_query(index, partition_teachers(sample, key, teachers))
+            partition = partition_teachers(dataset.poisson_subsample(mechanism.sampling_rate, generator), key, teachers)
+        query = open_query(index, partition)
         answer = ""
         for _ in range(mechanism.max_tokens):
             candidates = [str(c) for c in query.candidates(answer)]

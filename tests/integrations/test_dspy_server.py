@@ -213,7 +213,9 @@ class TwoStepRAG(dspy.Module):
         return self.judge(text=text, topic=topic)
 
 
-def compile_two_step_rag(lm: Any, runs_root: Path, engine: Any = None) -> tuple[DPES, Any]:
+def compile_two_step_rag(
+    lm: Any, runs_root: Path, engine: Any = None, generations: int = 2, population: int = 3
+) -> tuple[DPES, Any]:
     from dp_textgrad.integrations.dspy.retrieval import cached_private_queries
     from dp_textgrad.tasks.components import split_components
 
@@ -228,7 +230,7 @@ def compile_two_step_rag(lm: Any, runs_root: Path, engine: Any = None) -> tuple[
         public_retrievers=["retrieve"],
         dataset_size=len(private),
         runs_root=runs_root,
-        **{**RUN, "generations": 2, "population": 3},
+        **{**RUN, "generations": generations, "population": population},
     )
     compiled = dpes.compile(student, trainset=private)
     check_ledger_is_the_plan(dpes)
@@ -240,7 +242,9 @@ def compile_two_step_rag(lm: Any, runs_root: Path, engine: Any = None) -> tuple[
 
 
 def test_a_two_predictor_retrieval_program_compiles_against_the_server(llama_server, tmp_path: Path) -> None:  # noqa: F811
-    compile_two_step_rag(text_lm(llama_server), tmp_path)
+    # One generation of two candidates over HTTP (the local-model test below runs two of three):
+    # what this adds is DSPy's own LM driving both predictors through the server.
+    compile_two_step_rag(text_lm(llama_server), tmp_path, generations=1, population=2)
 
 
 def test_a_two_predictor_retrieval_program_compiles_on_the_local_model(llama_engine, tmp_path: Path) -> None:

@@ -10,8 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dp_textgrad import cli
-from dp_textgrad.settings import EngineSection
-from dp_textgrad.settings import TaskSection, build_settings, read_config_file
+from dp_textgrad.settings import EngineSection, TaskSection, build_settings, read_config_file
 from dp_textgrad.tasks.loaders import MAX_RECORD_CHARS, load_classification_file
 
 runner = CliRunner()

@@ -109,7 +109,7 @@ def test_one_record_under_prompts_of_two_formats_goes_in_one_call_per_format() -
     outcomes = task.public_outcomes_many(engine, prompts, task.test)
     assert [o.scores.tolist() for o in outcomes] == [[1.0] * 4] * 4
     assert len(engine.for_prefixes) == 2 * len(task.test)  # one call per record and format
-    for prefixes, suffix, _ in engine.for_prefixes:
+    for _, suffix, _ in engine.for_prefixes:
         assert suffix.count("a parcel in") == 1  # never two records in one call
     first, second = engine.for_prefixes[:2]
     assert first[0] == ["Name the city.\n\n", "Which city?\n\n"] and first[1].startswith("Input: ")

