@@ -182,6 +182,24 @@ def test_a_vote_outside_the_candidates_or_an_empty_candidate_set_is_an_error() -
                            lambda i, p, q=query: q(p, []), NoiseSource(insecure_seed=0))
 
 
+def test_without_subsampling_every_answer_has_the_same_teachers_partitioned_once() -> None:
+    # At q = 1 the groups are the dataset's keyed partition for every answer: built once per call (the
+    # wiring then builds the teachers' prompts once too), and the same groups a fresh partition gives.
+    seen: list[object] = []
+
+    def open_query(index, partition):
+        seen.append(partition)
+        return Query(partition, [])
+
+    dataset = records(60)
+    answer_by_vote(PrivacyLedger(100.0, 1e-5), TokenGNMax(1.0, 2), dataset, KEY, 4, 5, open_query,
+                   NoiseSource(insecure_seed=3))
+    assert len(seen) == 5 and all(partition is seen[0] for partition in seen)
+    for teacher, group in enumerate(seen[0].groups()):
+        assert [r.unwrap()["id"] for r in group] == [
+            i for i in range(60) if teacher_of({"id": i, "letter": "a"}, KEY, 4) == teacher]
+
+
 def test_each_answer_draws_a_fresh_subsample_split_by_the_keyed_partition() -> None:
     seen: list[list[list[int]]] = []
 
