@@ -49,14 +49,16 @@ SETTINGS = {
     # Gaussian per released vector with L2 sensitivity sqrt(m), through a real GenerationTask.
     # The sums' noise is 1.5x the confusion row's: a doubled histogram is then the larger part of
     # the event (at 4.0 that mutant's margin is thin; at 8.0 the fixed-seed subsample is missed).
+    # Runs per arm: half of the earlier 40000 (failures), 12000 (exponential) and 6000 (controller) flag
+    # every mutant still (2026-12-07, docs/audit.md) in half the time; the Gaussian rows need all 40000.
     "failures": dict(mechanism="failures", sampling_rate=0.1, noise_multiplier=6.0, feedback_noise_multiplier=1.0,
-                     positions=4, runs=40000),
-    "exponential": dict(mechanism="exponential", sampling_rate=0.25, epsilon0=2.0, candidates=20, runs=12000),
+                     positions=4, runs=20000),
+    "exponential": dict(mechanism="exponential", sampling_rate=0.25, epsilon0=2.0, candidates=20, runs=6000),
     # The whole DP-ES controller (calibration to epsilon 0.9, mutation, the real DPScorer at
     # q = 0.3, release) with the ScriptedEngine; statistic: the released prompt is the seed,
     # which the canary favours, among 16 candidates.
     "controller": dict(selection="exponential", sampling_rate=0.3, epsilon=0.9, generations=1, population=16,
-                       parents=1, n_background=3, positions=2, runs=6000, positive_control=False),
+                       parents=1, n_background=3, positions=2, runs=3000, positive_control=False),
 }
 
 
