@@ -463,14 +463,14 @@ class FaultLab:
         return self.rng.uniform(self.charged_part, 1.1 * self.duration)
 
     def kill_trial(self) -> None:
-        """kill -9 at a random point: at a random moment from outside (40%), at a random crash
-        point between two writes (40%), or right after a random charge reached the store and
-        before the ledger file has it (20%: the window the store's write-ahead order is for)."""
+        """kill -9 at a random point: at a random moment from outside (35%), at a random crash
+        point between two writes (35%), or right after a random charge reached the store and
+        before the ledger file has it (30%: the window the store's write-ahead order is for)."""
         runs_root = self.new_root()
         self.tally.runs += 1
         draw = self.rng.random()
-        if draw < 0.6:
-            setup = kill_at_point(self.rng.randint(1, self.crash_points)) if draw < 0.4 else \
+        if draw < 0.65:
+            setup = kill_at_point(self.rng.randint(1, self.crash_points)) if draw < 0.35 else \
                 kill_at_point(self.rng.randint(1, self.records), only="after store record")
             code = run_to_end(self.argv(runs_root), setup=setup)
             self.tally.kills += code is None

@@ -34,12 +34,14 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the harness for
 
 def test_kill_nine_engine_failures_and_a_full_disk_lose_nothing(tmp_path) -> None:
     def trial(lab: FaultLab) -> None:
-        # 40 trials per lane: measured alone, 36 per lane took 127 s and gave 68 kills, 5 store-ahead
-        # kills, 63 resumes and 594 entries checked (seed 2026); the floors below keep a margin.
-        for number in range(40):
-            if number % 10 == 8:
+        # 28 trials per lane, 4 of them engine failures and 4 full disks: 40 kill trials in all (64
+        # before 2026-12-07, 262 s of a CI worker). Measured alone twice (2026-12-07, seed 2026): 114
+        # and 126 s, 48 and 49 kills, 4 and 7 store-ahead kills, 59 and 62 resumes, 566 and 587
+        # entries checked; the floors below keep a margin for a loaded machine.
+        for number in range(28):
+            if number % 7 == 5:
                 lab.engine_failure_trial()
-            elif number % 10 == 9:
+            elif number % 7 == 6:
                 lab.full_disk_trial()
             else:
                 lab.kill_trial()
@@ -47,7 +49,7 @@ def test_kill_nine_engine_failures_and_a_full_disk_lose_nothing(tmp_path) -> Non
     tally = run_lanes(tmp_path, 2, trial, seed=2026)
     print(tally.as_dict())
     assert tally.losses == 0
-    assert tally.kills >= 55, tally.as_dict()
+    assert tally.kills >= 34, tally.as_dict()
     assert tally.store_ahead >= 1, "no kill landed between the store's write and the ledger's"
     # 8 trials of each kind in all, and not every one exits non-zero; the failure points drawn move with
     # timing (settle() draws a resume only when a kill landed after the first checkpoint). A CI run
@@ -55,7 +57,7 @@ def test_kill_nine_engine_failures_and_a_full_disk_lose_nothing(tmp_path) -> Non
     assert tally.engine_failures >= 2 and tally.disk_failures >= 2, tally.as_dict()
     # How many kills land before the first charge depends on timing (58 of 114 on a CI run,
     # which left 492 entries to check): the floor only asserts that resumes were exercised.
-    assert tally.resumes >= 40 and tally.entries_checked >= 250, tally.as_dict()
+    assert tally.resumes >= 30 and tally.entries_checked >= 200, tally.as_dict()
 
 
 def test_concurrent_runs_on_one_dataset_keep_the_lifetime_cap(tmp_path) -> None:
