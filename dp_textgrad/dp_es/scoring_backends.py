@@ -167,9 +167,10 @@ def _scored(task: Task, outcomes: Sequence[Any], records: int, with_confusion: b
     counts = None
     if with_confusion:
         counts = np.stack([np.asarray(task.feedback_counts(o), dtype=float) for o in outcomes])
-        # np.allclose's tolerance, without its per-call overhead (this runs once per scored batch)
+        # np.allclose's tolerance without its per-call overhead (this runs once per scored batch);
+        # written as "not all within" so that a NaN or infinite count fails it, as with allclose
         units = counts.reshape(len(outcomes), -1).sum(1)
-        if counts.shape[1:] != task.feedback.shape or np.any(np.abs(units - records) > 1e-8 + 1e-5 * records):
+        if counts.shape[1:] != task.feedback.shape or not np.all(np.abs(units - records) <= 1e-8 + 1e-5 * records):
             raise RuntimeError("task.feedback_counts: each record must add exactly one unit to the feedback counts")
     return _Scored(scores, counts, failed, detail)
 

@@ -13,20 +13,23 @@ from dp_accounting import pld, rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dp_textgrad.privacy.accounting import BudgetExceeded, PrivacyLedger, RdpAccountant
-from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.dp_es.estimates import ReleasedScores, shrink_estimates
 from dp_textgrad.dp_es.scorer import DPScorer
+from dp_textgrad.dp_es.selector import top_k, tournament
+from dp_textgrad.privacy.accounting import BudgetExceeded, PrivacyLedger, RdpAccountant
 from dp_textgrad.privacy.mechanisms import (
+    ExponentialMechanism,
     GaussianScoreMechanism,
+    GumbelTopK,
+    PermuteAndFlip,
     clipped_utility_sums,
     confusion_counts,
     effective_noise_multiplier,
 )
-from dp_textgrad.dp_es.selector import top_k, tournament
-from dp_textgrad.privacy.mechanisms import ExponentialMechanism, GumbelTopK, PermuteAndFlip
+from dp_textgrad.privacy.noise import NoiseSource
 from dp_textgrad.tasks.base import Example
 from tests.helpers import LABELS, RuleEngine, ZeroNoise, candidates, make_records, make_table_task, make_task
+
 
 def score_gaussian(scorer, cands, z, label, feedback_candidates=(), feedback_noise_multiplier=None):
     """Score with the Gaussian mechanism the plan would hold for these candidates."""
@@ -217,7 +220,8 @@ def test_scores_plus_confusion_is_one_gaussian_of_z_eff(z, z_fb):
     assert p_scores.get_epsilon(1e-5) < 0.97 * eps_both
     event = GaussianScoreMechanism(z, 1.0, 3, z_fb).event(0.1)
     assert event == dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z_eff))
-    assert GaussianScoreMechanism(z, 1.0, 3).event(0.1) == dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z))
+    without = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z))
+    assert GaussianScoreMechanism(z, 1.0, 3).event(0.1) == without
 
 
 def test_gaussian_event_validates_its_parameters():
@@ -380,3 +384,21 @@ def test_budget_refusal_with_the_default_accountants():
     with pytest.raises(BudgetExceeded):
         score_gaussian(scorer, candidates(*PROMPTS), 2.0, "too expensive")
     assert engine.score_calls == 0 and ledger.entries == []
+
+
+@pytest.mark.parametrize("bad", [2.0, float("nan"), float("inf")], ids=["two units", "nan", "inf"])
+def test_feedback_counts_that_are_not_one_unit_a_record_are_refused(bad) -> None:
+    # The check behind the feedback's sensitivity: each record adds exactly one unit (a NaN or an
+    # infinite count fails it too), else the scoring stops before anything is released.
+    from types import SimpleNamespace
+
+    from dp_textgrad.dp_es.scoring_backends import _scored
+    from dp_textgrad.tasks.base import FeedbackSpec
+
+    spec = FeedbackSpec("confusion", ("a", "b"))
+    task = SimpleNamespace(feedback=spec, feedback_counts=lambda outcome: outcome.counts)
+    good = SimpleNamespace(scores=[1.0, 0.0, 1.0], counts=np.array([[2.0, 0.0], [1.0, 0.0]]))
+    assert _scored(task, [good], 3, True).counts.sum() == 3.0
+    wrong = SimpleNamespace(scores=[1.0, 0.0, 1.0], counts=np.array([[2.0, 0.0], [bad, 0.0]]))
+    with pytest.raises(RuntimeError, match="exactly one unit"):
+        _scored(task, [wrong], 3, True)
