@@ -163,8 +163,9 @@ def answer_by_vote(
 ) -> list[str]:
     """DP answers for ``queries`` public inputs: charge ``mechanism.event(queries)`` to ``ledger``
     (before any record is read), then per query draw the subsample (``noise``'s secret sampling
-    generator), split it into ``teachers`` groups, open the query (``open_query(index,
-    partition)``: the wiring builds its teachers) and release up to ``mechanism.max_tokens``
+    generator), split it into ``teachers`` groups (at q = 1 the whole dataset, split once for
+    every query), open the query (``open_query(index, partition)``: the wiring builds its
+    teachers) and release up to ``mechanism.max_tokens``
     tokens, each the noisy argmax of the teachers' votes over the public candidates.
 
     Returns the answers as ``extend`` built them (possibly empty). A vote outside the
