@@ -19,6 +19,7 @@ rightly use words the task description does not.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -57,13 +58,25 @@ def _stem(word: str) -> str:
     return word
 
 
+@functools.lru_cache(maxsize=4096)
+def _stemmed_words(text: str) -> tuple[tuple[str, str], ...]:
+    """Each word of ``text`` with its stem. Memoised: every engine built stems the same phrase
+    banks again, and the mechanism audits build thousands (pure function of public text)."""
+    return tuple((word, _stem(word)) for word in _words(text))
+
+
+@functools.lru_cache(maxsize=1)
+def _generic_stems() -> frozenset[str]:
+    return frozenset(_stem(word) for word in GENERIC_WORDS)
+
+
 def task_vocabulary(
     description: str, labels: Iterable[str], examples: Iterable[str] = (), formats: Iterable[str] | None = None
 ) -> frozenset[str]:
     """The (stemmed) words a task's public text uses, plus the generic instruction words and those of
     its family's output-format instructions (``formats``; default: a classification task's, with its
     label hints)."""
-    words = set(GENERIC_WORDS)
+    stems = set(_generic_stems())
     labels = list(labels)
     family_words = (
         [*FORMAT_INSTRUCTIONS, *(hint.replace("{labels}", "") for hint in VERBALISER_HINTS)]
@@ -71,8 +84,8 @@ def task_vocabulary(
         else list(formats)
     )
     for source in [description, *labels, *examples, *family_words]:
-        words.update(_words(str(source)))
-    return frozenset(_stem(w) for w in words)
+        stems.update(stem for _, stem in _stemmed_words(str(source)))
+    return frozenset(stems)
 
 
 def fragment_problem(sentence: str) -> str | None:
@@ -89,7 +102,7 @@ def fragment_problem(sentence: str) -> str | None:
 
 def foreign_words(sentence: str, vocabulary: frozenset[str]) -> list[str]:
     """Content words of ``sentence`` that neither the task's public text nor generic instructions use."""
-    return [w for w in _words(sentence) if len(w) > 2 and _stem(w) not in vocabulary]
+    return [word for word, stem in _stemmed_words(sentence) if len(word) > 2 and stem not in vocabulary]
 
 
 def instruction_problems(instruction: str, vocabulary: frozenset[str] | None = None) -> list[str]:
