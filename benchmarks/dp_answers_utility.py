@@ -249,7 +249,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for mine, other in (("dp_demos_dp_es", "public_dp_es"), ("dp_demos_dp_es", "dp_es"),
                             ("dp_demos_dp_es_span", "public_dp_es"), ("dp_demos_dp_es_span", "dp_es"),
                             ("dp_demos", "dp_es"), ("span_vote_dp_es", "public_dp_es"), ("span_vote_dp_es", "dp_es"),
-                            ("span_vote_dp_es", "dp_demos_dp_es_span"), ("span_vote_demos", "dp_demos")):
+                            ("span_vote_dp_es", "dp_demos_dp_es_span"), ("span_vote_demos", "dp_demos"),
+                            ("dp_es", "public_dp_es"), ("span_vote_demos", "dp_es"),
+                            ("span_vote_dp_es", "span_vote_demos")):
             pairs = [(by[(task, mine, s, eps)]["test_scores"], by[(task, other, s, eps)]["test_scores"])
                      for s in seeds if (task, mine, s, eps) in by and (task, other, s, eps) in by]
             if pairs:
